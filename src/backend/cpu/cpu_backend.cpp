@@ -1,0 +1,292 @@
+// CPU backend: memory, matrix products (OpenBLAS) and elementwise ops.
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+namespace kiln {
+
+namespace {
+
+int resolve_threads(int n) {
+  if (n > 0) return n;
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw ? int(hw) : 1;
+}
+
+// Rows per parallel task so that each task does at least ~16k element operations.
+int64_t grain_for(int64_t cols) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
+}
+
+float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+void convert_to_f32(const Tensor& src, float* dst) {
+  const int64_t rows = src.rows(), cols = src.cols();
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* base = static_cast<const char*>(src.data()) + size_t(r * src.row_stride()) * dtype_size(src.dtype());
+    float* out = dst + r * cols;
+    switch (src.dtype()) {
+      case DType::f32:
+        std::memcpy(out, base, size_t(cols) * 4);
+        break;
+      case DType::bf16:
+        for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_f32(reinterpret_cast<const uint16_t*>(base)[c]);
+        break;
+      case DType::f16:
+        for (int64_t c = 0; c < cols; ++c) out[c] = f16_to_f32(reinterpret_cast<const uint16_t*>(base)[c]);
+        break;
+      default:
+        assert(false && "not a float tensor");
+    }
+  }
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : pool_(resolve_threads(n_threads)) {
+  openblas_set_num_threads(pool_.size());
+}
+
+std::string CpuBackend::name() const {
+  return fmt::format("cpu ({} threads)", pool_.size());
+}
+
+Tensor CpuBackend::alloc(DType dtype, Shape shape) {
+  return host_tensor(dtype, shape);
+}
+
+Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
+  const bool is_float = host.dtype() == DType::f32 || host.dtype() == DType::bf16 || host.dtype() == DType::f16;
+  if (!is_float) {  // integer data is copied as it is
+    Tensor out = host_tensor(host.dtype(), host.shape());
+    for (int64_t r = 0; r < host.rows(); ++r)
+      std::memcpy(static_cast<char*>(out.data()) + size_t(r * host.cols()) * dtype_size(host.dtype()),
+                  static_cast<const char*>(host.data()) + size_t(r * host.row_stride()) * dtype_size(host.dtype()),
+                  size_t(host.cols()) * dtype_size(host.dtype()));
+    return out;
+  }
+  (void)dtype;  // the CPU computes in f32 whatever the request
+  // f32 weights that are contiguous and aligned are used in place, straight from the mapping
+  if (host.dtype() == DType::f32 && host.contiguous() && reinterpret_cast<uintptr_t>(host.data()) % 4 == 0) return host;
+  Tensor out = host_tensor(DType::f32, host.shape());
+  convert_to_f32(host, out.data_as<float>());
+  return out;
+}
+
+Tensor CpuBackend::to_host(const Tensor& t) {
+  if (t.dtype() != DType::f32 && t.dtype() != DType::bf16 && t.dtype() != DType::f16) return upload(t, t.dtype());
+  Tensor out = host_tensor(DType::f32, t.shape());
+  convert_to_f32(t, out.data_as<float>());
+  return out;
+}
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  assert(src.rows() == dst.rows() && src.cols() == dst.cols() && src.dtype() == dst.dtype());
+  const size_t row_bytes = size_t(src.cols()) * dtype_size(src.dtype());
+  for (int64_t r = 0; r < src.rows(); ++r)
+    std::memcpy(static_cast<char*>(dst.data()) + size_t(r * dst.row_stride()) * dtype_size(dst.dtype()),
+                static_cast<const char*>(src.data()) + size_t(r * src.row_stride()) * dtype_size(src.dtype()),
+                row_bytes);
+}
+
+void CpuBackend::fill(Tensor& t, float value) {
+  if (t.dtype() == DType::i32) {
+    for (int64_t r = 0; r < t.rows(); ++r) {
+      int32_t* p = t.data_as<int32_t>() + r * t.row_stride();
+      std::fill(p, p + t.cols(), int32_t(value));
+    }
+    return;
+  }
+  assert(t.dtype() == DType::f32);
+  for (int64_t r = 0; r < t.rows(); ++r) std::fill(row_ptr(t, r), row_ptr(t, r) + t.cols(), value);
+}
+
+void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
+  // out is [m, n]: either its own last dim is n (row-strided allowed), or it is contiguous
+  const int64_t ldc = out.cols() == n ? out.row_stride() : n;
+  assert(w.cols() == k && w.contiguous() && out.numel() == m * n && (out.cols() == n || out.contiguous()));
+  if (m == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, x.data_as<float>(),
+              int(x.row_stride()), w.data_as<float>(), int(k), 0.0f, out.data_as<float>(), int(ldc));
+}
+
+void CpuBackend::embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) {
+  const int64_t n = ids.numel(), dim = table.cols(), vocab = table.dim(0);
+  const int32_t* id = ids.data_as<int32_t>();
+  pool_.parallel_for(
+      n,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          int64_t row = std::clamp<int64_t>(id[i], 0, vocab - 1);  // callers validate ids; never read out of range
+          const float* src = row_ptr(table, row);
+          float* dst = row_ptr(out, i);
+          for (int64_t c = 0; c < dim; ++c) dst[c] = src[c] * scale;
+        }
+      },
+      grain_for(dim));
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) {
+  const int64_t cols = x.cols();
+  const float* w = weight.defined() && weight.numel() ? weight.data_as<float>() : nullptr;
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          float* o = row_ptr(out, r);
+          double sum = 0;
+          for (int64_t c = 0; c < cols; ++c) sum += double(in[c]) * in[c];
+          const float inv = float(1.0 / std::sqrt(sum / double(cols) + double(eps)));
+          if (w) {
+            for (int64_t c = 0; c < cols; ++c) o[c] = in[c] * inv * (w[c] + weight_offset);
+          } else {
+            for (int64_t c = 0; c < cols; ++c) o[c] = in[c] * inv;
+          }
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t cols = x.cols();
+  const float* w = weight.data_as<float>();
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          const float* g = row_ptr(z, r);
+          float* o = row_ptr(out, r);
+          double sum = 0;
+          for (int64_t c = 0; c < cols; ++c) sum += double(in[c]) * in[c];
+          const float inv = float(1.0 / std::sqrt(sum / double(cols) + double(eps)));
+          for (int64_t c = 0; c < cols; ++c) o[c] = w[c] * (in[c] * inv) * silu(g[c]);
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, float scale, Tensor& out) {
+  const int64_t cols = a.cols();
+  pool_.parallel_for(
+      a.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* pa = row_ptr(a, r);
+          const float* pb = row_ptr(b, r);
+          float* o = row_ptr(out, r);
+          if (scale == 1.0f) {
+            for (int64_t c = 0; c < cols; ++c) o[c] = pa[c] + pb[c];
+          } else {
+            for (int64_t c = 0; c < cols; ++c) o[c] = (pa[c] + pb[c]) * scale;
+          }
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::scale(const Tensor& x, float s, Tensor& out) {
+  const int64_t cols = x.cols();
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          float* o = row_ptr(out, r);
+          for (int64_t c = 0; c < cols; ++c) o[c] = in[c] * s;
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  const int64_t cols = gate.cols();
+  pool_.parallel_for(
+      gate.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* g = row_ptr(gate, r);
+          const float* u = row_ptr(up, r);
+          float* o = row_ptr(out, r);
+          if (act == Activation::gelu_tanh) {
+            for (int64_t c = 0; c < cols; ++c) o[c] = gelu_tanh(g[c]) * u[c];
+          } else {
+            for (int64_t c = 0; c < cols; ++c) o[c] = silu(g[c]) * u[c];
+          }
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) {
+  const int64_t cols = x.cols();
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          const float* g = row_ptr(gate, r);
+          float* o = row_ptr(out, r);
+          for (int64_t c = 0; c < cols; ++c) o[c] = in[c] * sigmoid(g[c]);
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) {
+  const int64_t cols = x.cols();
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float s = sigmoid(row_ptr(gate, r)[0]);
+          const float* in = row_ptr(x, r);
+          float* o = row_ptr(acc, r);
+          for (int64_t c = 0; c < cols; ++c) o[c] += s * in[c];
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::softcap(Tensor& x, float cap) {
+  const int64_t cols = x.cols();
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          float* p = row_ptr(x, r);
+          for (int64_t c = 0; c < cols; ++c) p[c] = cap * std::tanh(p[c] / cap);
+        }
+      },
+      grain_for(cols));
+}
+
+void CpuBackend::argmax(const Tensor& x, Tensor& out) {
+  const int64_t cols = x.cols();
+  int32_t* o = out.data_as<int32_t>();
+  for (int64_t r = 0; r < x.rows(); ++r) {
+    const float* p = row_ptr(x, r);
+    o[r] = int32_t(std::max_element(p, p + cols) - p);
+  }
+}
+
+}  // namespace kiln

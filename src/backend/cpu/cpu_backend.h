@@ -1,0 +1,60 @@
+// The CPU backend: f32 compute, multi-threaded; the reference implementation of every op.
+#pragma once
+
+#include <memory>
+
+#include "core/thread_pool.h"
+#include "ops/backend.h"
+
+namespace kiln {
+
+class CpuBackend final : public Backend {
+ public:
+  // n_threads: worker threads for kiln's own kernels and for OpenBLAS (0: all cores).
+  explicit CpuBackend(int n_threads = 0);
+
+  Device device() const override { return Device::cpu; }
+  std::string name() const override;
+  DType activation_dtype() const override { return DType::f32; }
+  DType matrix_dtype() const override { return DType::f32; }
+  int threads() const { return pool_.size(); }
+
+  Tensor alloc(DType dtype, Shape shape) override;
+  Tensor upload(const Tensor& host, DType dtype) override;
+  Tensor to_host(const Tensor& t) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void fill(Tensor& t, float value) override;
+  void synchronize() override {}
+
+  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
+  void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) override;
+  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) override;
+  void scale(const Tensor& x, float s, Tensor& out) override;
+  void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) override;
+  void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) override;
+  void softcap(Tensor& x, float cap) override;
+  void argmax(const Tensor& x, Tensor& out) override;
+
+  void rope(const RopeArgs& args) override;
+  void kv_write(const KvWriteArgs& args) override;
+  void attention(const AttentionArgs& args) override;
+  void causal_conv1d(const CausalConvArgs& args) override;
+  void gated_delta(const GatedDeltaArgs& args) override;
+  void moe_route(const MoeRouteArgs& args) override;
+  void moe_experts(const MoeExpertsArgs& args) override;
+
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  ThreadPool pool_;
+};
+
+// Row access helpers shared by the CPU kernels (all CPU tensors of floats are f32).
+inline float* row_ptr(const Tensor& t, int64_t r) {
+  return t.data_as<float>() + r * t.row_stride();
+}
+
+}  // namespace kiln

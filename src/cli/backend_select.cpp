@@ -1,0 +1,21 @@
+#include <spdlog/spdlog.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+
+namespace kiln::cli {
+
+void add_run_options(CLI::App& command, RunOptions& options) {
+  command.add_option("--device", options.device, "cpu or cuda (default: cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  command.add_option("--threads", options.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options) {
+  if (options.device == "cuda") return make_error("this kiln was built without CUDA; use --device cpu");
+  auto backend = std::make_unique<CpuBackend>(options.threads);
+  spdlog::info("backend: {}", backend->name());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,73 @@
+// kiln logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--prefill-chunk N]
+// Writes f32 logits [len(ids), vocab] for every position: kiln's public parity check.
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+
+#include "cli/commands.h"
+#include "core/npy.h"
+#include "models/model.h"
+#include "runtime/prefill.h"
+
+namespace kiln::cli {
+
+namespace {
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(begin, end - begin);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    int64_t value = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || value < 0 || value > INT32_MAX)
+      return make_error("--ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
+    ids.push_back(int32_t(value));
+    begin = end + 1;
+  }
+  if (ids.empty()) return make_error("--ids is empty");
+  return ids;
+}
+
+struct LogitsOptions {
+  std::string model_dir;
+  std::string ids;
+  std::string out;
+  int64_t prefill_chunk = 0;
+  RunOptions run;
+};
+
+Status run_logits(const LogitsOptions& o) {
+  KILN_ASSIGN(auto ids, parse_ids(o.ids));
+  KILN_ASSIGN(auto backend, make_backend(o.run));
+  // one forward may take the whole prompt unless a chunk size is asked for
+  ModelOptions model_options;
+  model_options.max_chunk_tokens = o.prefill_chunk > 0 ? o.prefill_chunk : std::max<int64_t>(1, int64_t(ids.size()));
+  KILN_ASSIGN(auto model, load_model(o.model_dir, *backend, model_options));
+  KILN_ASSIGN(auto state, model->new_sequence(int64_t(ids.size())));
+  KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, model_options.max_chunk_tokens, LogitRows::all));
+  KILN_TRY(write_npy_f32(o.out, logits.data_as<float>(), {logits.dim(0), logits.dim(1)}));
+  spdlog::info("wrote {} x {} logits to {}", logits.dim(0), logits.dim(1), o.out);
+  return ok_status();
+}
+
+}  // namespace
+
+void add_logits_command(CLI::App& app, Action& action) {
+  auto options = std::make_shared<LogitsOptions>();
+  auto* cmd = app.add_subcommand("logits", "Write the logits of every position of a token sequence to a .npy file");
+  cmd->add_option("model_dir", options->model_dir, "Model directory (config.json, *.safetensors)")->required();
+  cmd->add_option("--ids", options->ids, "Comma-separated token ids")->required();
+  cmd->add_option("--out", options->out, "Output .npy file (float32 [ids, vocab])")->required();
+  cmd->add_option("--prefill-chunk", options->prefill_chunk,
+                  "Feed the ids through the cache this many at a time (1: pure decode; default: all at once)")
+      ->check(CLI::PositiveNumber);
+  add_run_options(*cmd, options->run);
+  cmd->callback([options, &action] { action = [options] { return run_logits(*options); }; });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,29 @@
+// The kiln command line: each subcommand registers itself on the app and runs as a thin client of
+// the engine library.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "ops/backend.h"
+
+namespace kiln::cli {
+
+// Options every command that runs a model shares.
+struct RunOptions {
+  std::string device;  // "", "cpu" or "cuda" ("" picks CUDA when a GPU is present)
+  int threads = 0;     // CPU threads (0: all cores)
+};
+
+void add_run_options(CLI::App& command, RunOptions& options);
+Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options);
+
+// A subcommand's action; its Status becomes the exit code and one error line.
+using Action = std::function<Status()>;
+
+void add_logits_command(CLI::App& app, Action& action);
+
+}  // namespace kiln::cli

@@ -1,0 +1,42 @@
+// kiln: run Gemma 4 and Qwen 3.5 models. Argument parsing and error reporting; the work happens
+// in the engine library.
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "0.0.0"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: Gemma 4 and Qwen 3.5 inference on NVIDIA GPUs and CPUs"};
+  app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough();
+  int verbosity = 0;
+  app.add_flag("-v,--verbose", verbosity, "More log output (repeat for debug)");
+
+  kiln::cli::Action action;
+  kiln::cli::add_logits_command(app, action);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  auto logger = spdlog::stderr_color_mt("kiln");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%^%l%$: %v");
+  spdlog::set_level(verbosity >= 2 ? spdlog::level::debug : verbosity == 1 ? spdlog::level::info : spdlog::level::warn);
+
+  if (!action) return 0;
+  kiln::Status status = action();
+  if (!status) {
+    fmt::print(stderr, "kiln: error: {}\n", status.error().message);
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,106 @@
+// Tensor: a typed view of host or device memory with shared ownership.
+//
+// The last dimension is always contiguous. All leading dimensions collapse into "rows" that sit
+// `row_stride` elements apart, which lets a kernel read a column slice (a query half of a fused
+// projection, one layer's share of a packed embedding) without a copy.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace kiln {
+
+enum class Device : uint8_t { cpu, cuda };
+
+class Shape {
+ public:
+  static constexpr int kMaxRank = 5;
+
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) {
+    for (int64_t d : dims) dims_[rank_++] = d;
+  }
+  template <typename It>
+  Shape(It begin, It end) {
+    for (; begin != end; ++begin) dims_[rank_++] = int64_t(*begin);
+  }
+
+  int rank() const { return rank_; }
+  int64_t operator[](int i) const { return dims_[i < 0 ? rank_ + i : i]; }
+  int64_t& operator[](int i) { return dims_[i < 0 ? rank_ + i : i]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= dims_[i];
+    return n;
+  }
+  bool operator==(const Shape& other) const {
+    if (rank_ != other.rank_) return false;
+    for (int i = 0; i < rank_; ++i)
+      if (dims_[i] != other.dims_[i]) return false;
+    return true;
+  }
+  bool operator!=(const Shape& other) const { return !(*this == other); }
+  std::string str() const;
+
+ private:
+  std::array<int64_t, kMaxRank> dims_{};
+  int rank_ = 0;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, Shape shape, void* data, std::shared_ptr<void> owner, Device device, int64_t row_stride = -1)
+      : dtype_(dtype),
+        shape_(shape),
+        data_(data),
+        owner_(std::move(owner)),
+        device_(device),
+        row_stride_(row_stride < 0 ? (shape.rank() ? shape[-1] : 1) : row_stride) {}
+
+  bool defined() const { return data_ != nullptr || shape_.numel() == 0; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t numel() const { return shape_.numel(); }
+  int64_t cols() const { return shape_.rank() ? shape_[-1] : 1; }
+  int64_t rows() const { return cols() ? numel() / cols() : 0; }
+  int64_t row_stride() const { return row_stride_; }
+  bool contiguous() const { return row_stride_ == cols() || rows() <= 1; }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
+  const std::shared_ptr<void>& owner() const { return owner_; }
+
+  // Same rows and columns under another shape; the last dimension must stay the same unless the
+  // tensor is contiguous.
+  Tensor reshape(Shape shape) const;
+  // Rows [begin, begin + count) of the collapsed [rows, cols] view, as a [count, cols] tensor.
+  Tensor rows_view(int64_t begin, int64_t count) const;
+  // Columns [begin, begin + count) of every row, as a strided [rows, count] tensor.
+  Tensor cols_view(int64_t begin, int64_t count) const;
+
+ private:
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  void* data_ = nullptr;
+  std::shared_ptr<void> owner_;
+  Device device_ = Device::cpu;
+  int64_t row_stride_ = 0;
+};
+
+// Host memory, owned by the returned tensor.
+Tensor host_tensor(DType dtype, Shape shape);
+
+}  // namespace kiln

@@ -1,0 +1,72 @@
+#include "layers/attention.h"
+
+#include <cmath>
+#include <vector>
+
+namespace kiln {
+
+namespace {
+
+RopeTable upload_table(Backend& backend, const std::vector<float>& freqs, int pair_offset) {
+  Tensor host = host_tensor(DType::f32, Shape{int64_t(freqs.size())});
+  std::copy(freqs.begin(), freqs.end(), host.data_as<float>());
+  return RopeTable{backend.upload(host, DType::f32), pair_offset};
+}
+
+// base^(-e) the way the reference computes it: the exponent and the power in f32.
+float inverse_power(double base, float exponent) {
+  return 1.0f / std::pow(float(base), exponent);
+}
+
+}  // namespace
+
+RopeTable make_rope(Backend& backend, int rotary_dim, double theta, double factor) {
+  std::vector<float> freqs(static_cast<size_t>(rotary_dim / 2));
+  for (int i = 0; i < rotary_dim / 2; ++i)
+    freqs[size_t(i)] = inverse_power(theta, float(2 * i) / float(rotary_dim)) / float(factor);
+  return upload_table(backend, freqs, rotary_dim / 2);
+}
+
+RopeTable make_proportional_rope(Backend& backend, int head_dim, double theta, double partial_factor, double factor) {
+  const int rotated = int(std::floor(partial_factor * head_dim / 2.0));
+  std::vector<float> freqs(static_cast<size_t>(rotated));
+  for (int i = 0; i < rotated; ++i)
+    freqs[size_t(i)] = inverse_power(theta, float(2 * i) / float(head_dim)) / float(factor);
+  return upload_table(backend, freqs, head_dim / 2);
+}
+
+void apply_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, Tensor& x) {
+  if (rope.inv_freq.numel() == 0) return;
+  backend.rope(
+      RopeArgs{.x = x, .positions = batch.positions, .inv_freq = rope.inv_freq, .pair_offset = rope.pair_offset});
+}
+
+KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim) {
+  KvCacheView c;
+  c.capacity = capacity;
+  c.k = backend.alloc(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
+  c.v = backend.alloc(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
+  c.slot_pos = backend.alloc(DType::i32, Shape{capacity});
+  backend.fill(c.slot_pos, -1.0f);
+  return c;
+}
+
+Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_layer, const Tensor& q, const Tensor* k,
+                        const Tensor* v, const AttentionShape& shape) {
+  std::vector<KvCacheView> caches;
+  for (SequenceState* s : batch.states) caches.push_back(s->layers()[size_t(cache_layer)].kv);
+  if (k && v) backend.kv_write(KvWriteArgs{.k = *k, .v = *v, .seqs = batch.seqs, .caches = caches});
+  Tensor out = backend.alloc(backend.activation_dtype(), Shape{batch.n_tokens, shape.n_heads, shape.head_dim});
+  backend.attention(AttentionArgs{.q = q,
+                                  .out = out,
+                                  .seqs = batch.seqs,
+                                  .caches = caches,
+                                  .n_heads = shape.n_heads,
+                                  .n_kv_heads = shape.n_kv_heads,
+                                  .head_dim = shape.head_dim,
+                                  .scale = shape.scale,
+                                  .window = shape.window});
+  return out.reshape(Shape{batch.n_tokens, int64_t(shape.n_heads) * shape.head_dim});
+}
+
+}  // namespace kiln

@@ -1,0 +1,46 @@
+// Pieces of softmax attention shared by the model families: RoPE tables and attention over the
+// per-sequence KV rings.
+#pragma once
+
+#include <string>
+
+#include "layers/batch.h"
+#include "ops/backend.h"
+
+namespace kiln {
+
+// A layer type's rotary embedding: inv_freq [n_pairs] f32 on the backend; element i of a head
+// pairs with element i + pair_offset.
+struct RopeTable {
+  Tensor inv_freq;
+  int pair_offset = 0;
+};
+
+// Standard RoPE over the first `rotary_dim` elements of each head (rotate-half within them):
+// inv_freq_i = theta^(-2i / rotary_dim) / factor.
+RopeTable make_rope(Backend& backend, int rotary_dim, double theta, double factor = 1.0);
+// Gemma 4's "proportional" RoPE: angles keep the full head's exponent base
+// (inv_freq_i = theta^(-2i / head_dim) / factor) but only the first int(partial · head_dim / 2)
+// pairs rotate; a pair is (i, i + head_dim / 2).
+RopeTable make_proportional_rope(Backend& backend, int head_dim, double theta, double partial_factor,
+                                 double factor = 1.0);
+
+void apply_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, Tensor& x);
+
+struct AttentionShape {
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.0f;
+  int64_t window = 0;  // 0: full causal
+};
+
+// Writes k and v (when given) into layer `cache_layer`'s cache of every sequence, then attends q
+// over that cache. q [T, n_heads, head_dim]; returns [T, n_heads · head_dim].
+Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_layer, const Tensor& q, const Tensor* k,
+                        const Tensor* v, const AttentionShape& shape);
+
+// A cache for one attention layer of one sequence.
+KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim);
+
+}  // namespace kiln

@@ -1,0 +1,29 @@
+// What every model's forward does first and last: check and lay out the batch, and pick the rows
+// whose logits are wanted.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "layers/batch.h"
+#include "models/model.h"
+
+namespace kiln {
+
+struct PreparedBatch {
+  BatchLayout layout;
+  Tensor ids;  // [n_tokens] i32 on the backend
+};
+
+// Checks token ids against the vocabulary, chunk sizes against max_chunk and context room, then
+// concatenates the chunks' tokens and uploads ids and positions.
+Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> batch, int64_t vocab_size,
+                                    int64_t max_chunk);
+
+// The rows of h [T, hidden] whose logits are wanted.
+Tensor select_rows(Backend& backend, const Tensor& h, const BatchLayout& layout, LogitRows rows);
+
+// Moves every sequence past the tokens it just consumed.
+void advance_sequences(const BatchLayout& layout);
+
+}  // namespace kiln

@@ -1,0 +1,447 @@
+// Gemma 4 text decoder. Read against transformers' modeling_gemma4.py (Gemma4TextModel) and
+// mlx-lm's gemma4_text.py.
+#include "models/gemma4.h"
+
+#include <cmath>
+#include <map>
+
+#include "layers/attention.h"
+#include "layers/mlp.h"
+#include "models/batch_prep.h"
+#include "models/loader.h"
+
+namespace kiln {
+
+namespace {
+
+Gemma4RopeConfig parse_rope(ConfigReader& parent, const nlohmann::json& j, const Gemma4RopeConfig& fallback,
+                            const std::string& where) {
+  if (!j.is_object()) {
+    parent.fail("rope_parameters entries must be objects");
+    return fallback;
+  }
+  ConfigReader r(j, where);
+  Gemma4RopeConfig c;
+  c.rope_type = r.get_string("rope_type", fallback.rope_type);
+  c.rope_theta = r.get_float("rope_theta", fallback.rope_theta);
+  c.partial_rotary_factor = r.get_float("partial_rotary_factor", fallback.partial_rotary_factor);
+  c.factor = r.get_float("factor", 1.0);
+  if (!r.status()) parent.fail(r.status().error().message);
+  if (c.rope_type != "default" && c.rope_type != "proportional")
+    parent.fail("rope_type '" + c.rope_type + "' is not supported (default, proportional)");
+  return c;
+}
+
+}  // namespace
+
+Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
+  ConfigReader r(file.text, file.path);
+  Gemma4Config c;
+  c.vocab_size = r.get_int("vocab_size");
+  c.hidden_size = r.get_int("hidden_size");
+  c.intermediate_size = r.get_int("intermediate_size");
+  c.num_hidden_layers = r.get_int("num_hidden_layers");
+  c.num_attention_heads = r.get_int("num_attention_heads");
+  c.num_key_value_heads = r.get_int("num_key_value_heads");
+  c.head_dim = r.get_int("head_dim", 256);
+  c.sliding_window = r.get_int("sliding_window", 512);
+  c.rms_norm_eps = r.get_float("rms_norm_eps", 1e-6);
+  c.max_position_embeddings = r.get_int("max_position_embeddings", 131072);
+  if (r.has("final_logit_softcapping")) c.final_logit_softcapping = r.get_float("final_logit_softcapping");
+  c.hidden_size_per_layer_input = r.get_int("hidden_size_per_layer_input", 0);
+  c.vocab_size_per_layer_input = r.get_int("vocab_size_per_layer_input", c.vocab_size);
+  c.attention_k_eq_v = r.get_bool("attention_k_eq_v", false);
+  c.num_kv_shared_layers = r.get_int("num_kv_shared_layers", 0);
+  c.use_double_wide_mlp = r.get_bool("use_double_wide_mlp", false);
+  c.enable_moe_block = r.get_bool("enable_moe_block", false);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", true);
+  if (c.enable_moe_block) {
+    c.num_experts = r.get_int("num_experts");
+    c.top_k_experts = r.get_int("top_k_experts");
+    c.moe_intermediate_size = r.get_int("moe_intermediate_size");
+  }
+  const std::string act = r.get_string("hidden_activation", "gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
+    r.fail("hidden_activation '" + act + "' is not supported (gelu_pytorch_tanh)");
+  if (r.get_bool("attention_bias", false)) r.fail("attention_bias = true is not supported");
+  const std::string bidirectional = r.get_string("use_bidirectional_attention", "");
+  if (bidirectional == "all") r.fail("use_bidirectional_attention = \"all\" (an embedding model) is not supported");
+  KILN_TRY(r.status());
+
+  const int64_t L = c.num_hidden_layers;
+  if (L <= 0 || c.hidden_size <= 0 || c.vocab_size <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0)
+    return make_error("{}: sizes must be positive", file.path);
+
+  c.layer_types = r.get_strings("layer_types");
+  if (c.layer_types.empty()) {  // transformers' default pattern: five sliding layers, then a full one
+    for (int64_t i = 0; i < L; ++i) c.layer_types.push_back((i + 1) % 6 ? "sliding_attention" : "full_attention");
+  }
+  if (int64_t(c.layer_types.size()) != L)
+    return make_error("{}: layer_types has {} entries for {} layers", file.path, c.layer_types.size(), L);
+  c.layer_types.back() = "full_attention";  // transformers forces the last layer to full attention
+  for (const auto& t : c.layer_types)
+    if (t != "sliding_attention" && t != "full_attention")
+      return make_error("{}: unknown layer type '{}'", file.path, t);
+
+  // RoPE per layer type
+  Gemma4RopeConfig sliding_default{.rope_type = "default", .rope_theta = 10000.0};
+  Gemma4RopeConfig full_default{.rope_type = "proportional", .rope_theta = 1e6, .partial_rotary_factor = 0.25};
+  c.rope_sliding = sliding_default;
+  c.rope_full = full_default;
+  if (r.has("rope_parameters")) {
+    const auto& rp = file.text["rope_parameters"];
+    if (rp.contains("rope_type")) {  // one setting for both types
+      c.rope_sliding = c.rope_full = parse_rope(r, rp, sliding_default, file.path);
+    } else {
+      if (rp.contains("sliding_attention"))
+        c.rope_sliding = parse_rope(r, rp["sliding_attention"], sliding_default, file.path);
+      if (rp.contains("full_attention")) c.rope_full = parse_rope(r, rp["full_attention"], full_default, file.path);
+    }
+  }
+
+  // Per-layer geometry, from per_layer_config when present, else from the released keys.
+  std::map<int64_t, std::pair<int64_t, int64_t>> overrides;  // layer -> (head_dim, n_kv) (0: unset)
+  if (r.has("per_layer_config")) {
+    const auto& plc = file.text["per_layer_config"];
+    if (!plc.is_object()) return make_error("{}: per_layer_config must be an object", file.path);
+    for (auto it = plc.begin(); it != plc.end(); ++it) {
+      int64_t idx = -1;
+      try {
+        idx = std::stoll(it.key());
+      } catch (...) {
+        return make_error("{}: per_layer_config key '{}' is not a layer index", file.path, it.key());
+      }
+      if (idx < 0 || idx >= L) return make_error("{}: per_layer_config names layer {} of {}", file.path, idx, L);
+      ConfigReader lr(it.value(), file.path + " per_layer_config." + it.key());
+      overrides[idx] = {lr.get_int("head_dim", 0), lr.get_int("num_key_value_heads", 0)};
+      KILN_TRY(lr.status());
+    }
+  } else {
+    const int64_t global_head_dim = r.get_int("global_head_dim", 512);
+    const int64_t global_kv = r.has("num_global_key_value_heads") ? r.get_int("num_global_key_value_heads") : 0;
+    for (int64_t i = 0; i < L; ++i)
+      if (c.layer_types[size_t(i)] == "full_attention")
+        overrides[i] = {global_head_dim, c.attention_k_eq_v ? global_kv : 0};
+  }
+  KILN_TRY(r.status());
+
+  const int64_t first_shared = L - c.num_kv_shared_layers;
+  if (c.num_kv_shared_layers < 0 || first_shared < 0)
+    return make_error("{}: num_kv_shared_layers = {} for {} layers", file.path, c.num_kv_shared_layers, L);
+  for (int64_t i = 0; i < L; ++i) {
+    Gemma4Config::Layer layer;
+    layer.sliding = c.layer_types[size_t(i)] == "sliding_attention";
+    auto o = overrides.count(i) ? overrides[i] : std::pair<int64_t, int64_t>{0, 0};
+    layer.head_dim = o.first ? o.first : c.head_dim;
+    layer.n_kv_heads = o.second ? o.second : c.num_key_value_heads;
+    layer.k_eq_v = c.attention_k_eq_v && !layer.sliding;
+    layer.shares_kv = c.num_kv_shared_layers > 0 && i >= first_shared;
+    layer.kv_source = i;
+    if (layer.shares_kv) {
+      int64_t donor = -1;
+      for (int64_t j = first_shared - 1; j >= 0; --j)
+        if (c.layer_types[size_t(j)] == c.layer_types[size_t(i)]) {
+          donor = j;
+          break;
+        }
+      if (donor < 0)
+        return make_error("{}: layer {} shares KV but no earlier {} layer owns a cache", file.path, i,
+                          c.layer_types[size_t(i)]);
+      layer.kv_source = donor;
+    }
+    layer.mlp_width = c.intermediate_size * (c.use_double_wide_mlp && layer.shares_kv && first_shared > 0 ? 2 : 1);
+    if (layer.head_dim <= 0 || layer.head_dim % 2 || c.num_attention_heads % layer.n_kv_heads)
+      return make_error("{}: layer {} has head_dim {} and {} KV heads for {} query heads", file.path, i, layer.head_dim,
+                        layer.n_kv_heads, c.num_attention_heads);
+    c.layers.push_back(layer);
+  }
+  for (auto& layer : c.layers) {
+    if (layer.shares_kv) {  // a sharer attends with its donor's geometry
+      const auto& donor = c.layers[size_t(layer.kv_source)];
+      layer.n_kv_heads = donor.n_kv_heads;
+      if (donor.head_dim != layer.head_dim)
+        return make_error("{}: a KV-sharing layer's head_dim differs from its donor's", file.path);
+    }
+  }
+  if (c.enable_moe_block && (c.num_experts <= 0 || c.top_k_experts <= 0 || c.top_k_experts > c.num_experts))
+    return make_error("{}: top_k_experts {} of {} experts", file.path, c.top_k_experts, c.num_experts);
+  return c;
+}
+
+namespace {
+
+struct Gemma4Layer {
+  Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm;
+  Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+  GluMlp mlp;
+  // MoE block
+  Tensor router_proj, router_norm_weight, per_expert_scale;  // router_norm_weight = router.scale · hidden^-1/2
+  ExpertStack experts;
+  Tensor pre_feedforward_layernorm_2, post_feedforward_layernorm_1, post_feedforward_layernorm_2;
+  // per-layer input
+  Tensor per_layer_input_gate, per_layer_projection, post_per_layer_input_norm;
+  float layer_scalar = 1.0f;
+};
+
+class Gemma4Model final : public Model {
+ public:
+  Gemma4Model(Gemma4Config config, Backend& backend, const ModelOptions& options)
+      : config_(std::move(config)), backend_(backend), options_(options) {}
+
+  Status load(const WeightStore& store, const std::string& model_type);
+
+  const ModelInfo& info() const override { return info_; }
+  Backend& backend() const override { return backend_; }
+  int64_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
+  Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) override;
+  Result<Tensor> forward(std::span<const SeqChunk> batch, LogitRows rows) override;
+
+ private:
+  Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
+  Tensor feed_forward_block(int64_t l, const Tensor& h);
+  Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded);
+  Tensor norm(const Tensor& x, const Tensor& weight);
+
+  Gemma4Config config_;
+  Backend& backend_;
+  ModelOptions options_;
+  ModelInfo info_;
+  Tensor embed_tokens, norm_weight, lm_head;
+  Tensor embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm;
+  std::vector<Gemma4Layer> layers_;
+  RopeTable rope_sliding_, rope_full_;
+};
+
+Status Gemma4Model::load(const WeightStore& store, const std::string& model_type) {
+  const Gemma4Config& c = config_;
+  WeightLoader w(store, backend_);
+  const int64_t H = c.hidden_size, Hq = c.num_attention_heads;
+  KILN_ASSIGN(embed_tokens, w.matrix("embed_tokens.weight", Shape{c.vocab_size, H}));
+  KILN_ASSIGN(norm_weight, w.vector("norm.weight", Shape{H}));
+  if (c.tie_word_embeddings || !store.has("lm_head.weight")) {
+    lm_head = embed_tokens;
+  } else {
+    KILN_ASSIGN(lm_head, w.matrix("lm_head.weight", Shape{c.vocab_size, H}));
+  }
+  const int64_t P = c.hidden_size_per_layer_input, L = c.num_hidden_layers;
+  if (P > 0) {
+    KILN_ASSIGN(embed_tokens_per_layer,
+                w.matrix("embed_tokens_per_layer.weight", Shape{c.vocab_size_per_layer_input, L * P}));
+    KILN_ASSIGN(per_layer_model_projection, w.matrix("per_layer_model_projection.weight", Shape{L * P, H}));
+    KILN_ASSIGN(per_layer_projection_norm, w.vector("per_layer_projection_norm.weight", Shape{P}));
+  }
+
+  for (int64_t i = 0; i < L; ++i) {
+    const auto& g = c.layers[size_t(i)];
+    const std::string p = "layers." + std::to_string(i);
+    Gemma4Layer layer;
+    KILN_ASSIGN(layer.input_layernorm, w.vector(p + ".input_layernorm.weight", Shape{H}));
+    KILN_ASSIGN(layer.post_attention_layernorm, w.vector(p + ".post_attention_layernorm.weight", Shape{H}));
+    KILN_ASSIGN(layer.pre_feedforward_layernorm, w.vector(p + ".pre_feedforward_layernorm.weight", Shape{H}));
+    KILN_ASSIGN(layer.post_feedforward_layernorm, w.vector(p + ".post_feedforward_layernorm.weight", Shape{H}));
+    KILN_ASSIGN(layer.q_proj, w.matrix(p + ".self_attn.q_proj.weight", Shape{Hq * g.head_dim, H}));
+    KILN_ASSIGN(layer.q_norm, w.vector(p + ".self_attn.q_norm.weight", Shape{g.head_dim}));
+    KILN_ASSIGN(layer.o_proj, w.matrix(p + ".self_attn.o_proj.weight", Shape{H, Hq * g.head_dim}));
+    if (!g.shares_kv) {
+      KILN_ASSIGN(layer.k_proj, w.matrix(p + ".self_attn.k_proj.weight", Shape{g.n_kv_heads * g.head_dim, H}));
+      KILN_ASSIGN(layer.k_norm, w.vector(p + ".self_attn.k_norm.weight", Shape{g.head_dim}));
+      if (!g.k_eq_v) {
+        KILN_ASSIGN(layer.v_proj, w.matrix(p + ".self_attn.v_proj.weight", Shape{g.n_kv_heads * g.head_dim, H}));
+      }
+    }
+    KILN_ASSIGN(layer.mlp, load_glu_mlp(w, p + ".mlp", H, g.mlp_width));
+    if (c.enable_moe_block) {
+      const int64_t E = c.num_experts;
+      KILN_ASSIGN(layer.router_proj, w.matrix(p + ".router.proj.weight", Shape{E, H}));
+      KILN_ASSIGN(Tensor scale, w.host_f32(p + ".router.scale", Shape{H}));
+      // router input = rms_norm(h) · scale · hidden^-1/2: fold both factors into one norm weight
+      const float root = float(1.0 / std::sqrt(double(H)));
+      for (int64_t k = 0; k < H; ++k) scale.data_as<float>()[k] *= root;
+      layer.router_norm_weight = backend_.upload(scale, DType::f32);
+      KILN_ASSIGN(layer.per_expert_scale, w.vector(p + ".router.per_expert_scale", Shape{E}));
+      KILN_ASSIGN(layer.experts,
+                  load_experts(w, p + ".experts", p + ".experts.switch_glu", E, H, c.moe_intermediate_size));
+      KILN_ASSIGN(layer.pre_feedforward_layernorm_2, w.vector(p + ".pre_feedforward_layernorm_2.weight", Shape{H}));
+      KILN_ASSIGN(layer.post_feedforward_layernorm_1, w.vector(p + ".post_feedforward_layernorm_1.weight", Shape{H}));
+      KILN_ASSIGN(layer.post_feedforward_layernorm_2, w.vector(p + ".post_feedforward_layernorm_2.weight", Shape{H}));
+    }
+    if (P > 0) {
+      KILN_ASSIGN(layer.per_layer_input_gate, w.matrix(p + ".per_layer_input_gate.weight", Shape{P, H}));
+      KILN_ASSIGN(layer.per_layer_projection, w.matrix(p + ".per_layer_projection.weight", Shape{H, P}));
+      KILN_ASSIGN(layer.post_per_layer_input_norm, w.vector(p + ".post_per_layer_input_norm.weight", Shape{H}));
+    }
+    if (store.has(p + ".layer_scalar")) {
+      KILN_ASSIGN(Tensor s, w.host_f32(p + ".layer_scalar", Shape{1}));
+      layer.layer_scalar = s.data_as<float>()[0];
+    }
+    layers_.push_back(std::move(layer));
+  }
+
+  // RoPE tables per layer type, from the head dim of that type's layers
+  int64_t sliding_hd = c.head_dim, full_hd = c.head_dim;
+  for (const auto& g : c.layers) (g.sliding ? sliding_hd : full_hd) = g.head_dim;
+  auto build = [&](const Gemma4RopeConfig& rc, int64_t hd) {
+    // transformers' default RoPE for Gemma 4 rotates the whole head and ignores partial_rotary_factor
+    return rc.rope_type == "proportional"
+               ? make_proportional_rope(backend_, int(hd), rc.rope_theta, rc.partial_rotary_factor, rc.factor)
+               : make_rope(backend_, int(hd), rc.rope_theta);
+  };
+  rope_sliding_ = build(c.rope_sliding, sliding_hd);
+  rope_full_ = build(c.rope_full, full_hd);
+
+  info_ = ModelInfo{.family = "gemma4",
+                    .model_type = model_type,
+                    .vocab_size = c.vocab_size,
+                    .hidden_size = H,
+                    .n_layers = L,
+                    .max_position_embeddings = c.max_position_embeddings,
+                    .weight_bytes = store.total_bytes()};
+  return ok_status();
+}
+
+Result<std::unique_ptr<SequenceState>> Gemma4Model::new_sequence(int64_t max_context) {
+  if (max_context <= 0) return make_error("context size must be positive, got {}", max_context);
+  std::vector<LayerState> layers(config_.layers.size());
+  for (size_t i = 0; i < config_.layers.size(); ++i) {
+    const auto& g = config_.layers[i];
+    if (g.shares_kv) continue;
+    // a sliding layer needs the window behind the oldest query of a chunk, plus the chunk
+    const int64_t capacity =
+        g.sliding ? std::min(max_context, config_.sliding_window - 1 + options_.max_chunk_tokens) : max_context;
+    layers[i].kv = new_kv_cache(backend_, capacity, int(g.n_kv_heads), int(g.head_dim));
+  }
+  return std::make_unique<SequenceState>(std::move(layers), max_context);
+}
+
+Tensor Gemma4Model::norm(const Tensor& x, const Tensor& weight) {
+  Tensor out = backend_.alloc(backend_.activation_dtype(), Shape{x.rows(), x.cols()});
+  backend_.rms_norm(x, weight, float(config_.rms_norm_eps), 0.0f, out);
+  return out;
+}
+
+Tensor Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Tensor& x) {
+  const auto& g = config_.layers[size_t(l)];
+  const Gemma4Layer& w = layers_[size_t(l)];
+  const int64_t T = batch.n_tokens, Hq = config_.num_attention_heads, hd = g.head_dim, kv = g.n_kv_heads;
+  const float eps = float(config_.rms_norm_eps);
+  const DType dt = backend_.activation_dtype();
+  const RopeTable& rope = g.sliding ? rope_sliding_ : rope_full_;
+
+  Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
+  backend_.matmul(x, w.q_proj, q);
+  Tensor q_heads = q.reshape(Shape{T * Hq, hd});
+  backend_.rms_norm(q_heads, w.q_norm, eps, 0.0f, q_heads);
+  apply_rope(backend_, batch, rope, q);
+
+  const AttentionShape shape{.n_heads = int(Hq),
+                             .n_kv_heads = int(kv),
+                             .head_dim = int(hd),
+                             .scale = 1.0f,  // q and k are RMS-normalised; Gemma 4 does not scale scores
+                             .window = g.sliding ? config_.sliding_window : 0};
+  Tensor attn;
+  if (g.shares_kv) {
+    attn = cached_attention(backend_, batch, int(g.kv_source), q, nullptr, nullptr, shape);
+  } else {
+    Tensor k = backend_.alloc(dt, Shape{T, kv, hd});
+    backend_.matmul(x, w.k_proj, k);
+    Tensor v = backend_.alloc(dt, Shape{T, kv, hd});
+    Tensor k_heads = k.reshape(Shape{T * kv, hd});
+    Tensor v_heads = v.reshape(Shape{T * kv, hd});
+    if (g.k_eq_v) {
+      backend_.rms_norm(k_heads, Tensor(), eps, 0.0f, v_heads);  // values: the raw key projection, unscaled norm
+    } else {
+      Tensor v_raw = backend_.alloc(dt, Shape{T, kv * hd});
+      backend_.matmul(x, w.v_proj, v_raw);
+      backend_.rms_norm(v_raw.reshape(Shape{T * kv, hd}), Tensor(), eps, 0.0f, v_heads);
+    }
+    backend_.rms_norm(k_heads, w.k_norm, eps, 0.0f, k_heads);
+    apply_rope(backend_, batch, rope, k);
+    attn = cached_attention(backend_, batch, int(l), q, &k, &v, shape);
+  }
+  Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
+  backend_.matmul(attn, w.o_proj, out);
+  return out;
+}
+
+Tensor Gemma4Model::feed_forward_block(int64_t l, const Tensor& h) {
+  const Gemma4Layer& w = layers_[size_t(l)];
+  Tensor mlp = glu_mlp(backend_, norm(h, w.pre_feedforward_layernorm), w.mlp, Activation::gelu_tanh);
+  if (!config_.enable_moe_block) return norm(mlp, w.post_feedforward_layernorm);
+
+  // MoE layer: the dense MLP and the experts both read the post-attention residual h
+  Tensor dense = norm(mlp, w.post_feedforward_layernorm_1);
+  Tensor router_in = norm(h, w.router_norm_weight);
+  Tensor logits = backend_.alloc(DType::f32, Shape{h.rows(), config_.num_experts});
+  backend_.matmul(router_in, w.router_proj, logits);
+  Tensor experts = routed_experts(
+      backend_, logits, norm(h, w.pre_feedforward_layernorm_2), w.experts,
+      MoeRouting{.top_k = int(config_.top_k_experts), .renormalize = true, .expert_scale = w.per_expert_scale},
+      Activation::gelu_tanh);
+  Tensor sparse = norm(experts, w.post_feedforward_layernorm_2);
+  backend_.add(dense, sparse, 1.0f, dense);
+  return norm(dense, w.post_feedforward_layernorm);
+}
+
+// Per-layer inputs: (per_layer_model_projection(e) · hidden^-1/2, normed per layer, plus the
+// token's own per-layer embedding · sqrt(P)) · 2^-1/2. Returns [T, L · P], layer-major per token.
+Tensor Gemma4Model::per_layer_inputs(const Tensor& ids, const Tensor& embedded) {
+  const int64_t T = ids.numel(), L = config_.num_hidden_layers, P = config_.hidden_size_per_layer_input;
+  const DType dt = backend_.activation_dtype();
+  Tensor token_part = backend_.alloc(dt, Shape{T, L * P});
+  backend_.embed(ids, embed_tokens_per_layer, float(std::sqrt(double(P))), token_part);
+  Tensor context_part = backend_.alloc(dt, Shape{T, L * P});
+  backend_.matmul(embedded, per_layer_model_projection, context_part);
+  backend_.scale(context_part, float(1.0 / std::sqrt(double(config_.hidden_size))), context_part);
+  Tensor per_layer = context_part.reshape(Shape{T * L, P});
+  backend_.rms_norm(per_layer, per_layer_projection_norm, float(config_.rms_norm_eps), 0.0f, per_layer);
+  backend_.add(context_part, token_part, float(1.0 / std::sqrt(2.0)), context_part);
+  return context_part;
+}
+
+Result<Tensor> Gemma4Model::forward(std::span<const SeqChunk> chunks, LogitRows rows) {
+  KILN_ASSIGN(PreparedBatch prepared, prepare_batch(backend_, chunks, config_.vocab_size, options_.max_chunk_tokens));
+  const BatchLayout& batch = prepared.layout;
+  const int64_t T = batch.n_tokens, H = config_.hidden_size, P = config_.hidden_size_per_layer_input;
+  const DType dt = backend_.activation_dtype();
+
+  Tensor h = backend_.alloc(dt, Shape{T, H});
+  backend_.embed(prepared.ids, embed_tokens, float(std::sqrt(double(H))), h);  // [T, H]
+  Tensor ple;
+  if (P > 0) ple = per_layer_inputs(prepared.ids, h);  // [T, L·P]
+
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const Gemma4Layer& w = layers_[size_t(l)];
+    Tensor attn = norm(attention_block(batch, l, norm(h, w.input_layernorm)), w.post_attention_layernorm);
+    backend_.add(h, attn, 1.0f, h);
+    Tensor ff = feed_forward_block(l, h);
+    backend_.add(h, ff, 1.0f, h);
+    if (P > 0) {
+      Tensor gate = backend_.alloc(dt, Shape{T, P});
+      backend_.matmul(h, w.per_layer_input_gate, gate);
+      backend_.glu(gate, ple.cols_view(l * P, P), Activation::gelu_tanh, gate);
+      Tensor proj = backend_.alloc(dt, Shape{T, H});
+      backend_.matmul(gate, w.per_layer_projection, proj);
+      backend_.add(h, norm(proj, w.post_per_layer_input_norm), 1.0f, h);
+    }
+    if (w.layer_scalar != 1.0f) backend_.scale(h, w.layer_scalar, h);
+  }
+
+  Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);
+  Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});
+  backend_.matmul(last, lm_head, logits);
+  if (config_.final_logit_softcapping) backend_.softcap(logits, float(*config_.final_logit_softcapping));
+  advance_sequences(batch);
+  return logits;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_gemma4(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
+                                           const ModelOptions& options) {
+  KILN_ASSIGN(Gemma4Config config, parse_gemma4_config(file));
+  auto model = std::make_unique<Gemma4Model>(std::move(config), backend, options);
+  KILN_TRY(model->load(weights, file.model_type));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace kiln

@@ -1,0 +1,74 @@
+// Gemma 4 text decoder: gemma4_text checkpoints and the language model of gemma4 (multimodal)
+// checkpoints, in transformers' and mlx-lm's layouts.
+//
+// Covers every text variant: sliding and full attention layers with their own head dims and KV
+// heads, attention_k_eq_v, q/k/v norms, attention scale 1, default and "proportional" RoPE,
+// per-layer inputs (e2b/e4b), KV sharing and the double-wide MLP, layer_scalar, the MoE block
+// (26B-A4B), GeGLU, final logit softcapping, tied embeddings.
+// Leaves out: the vision and audio towers, bidirectional attention over image tokens.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "io/weights.h"
+#include "models/model.h"
+
+namespace kiln {
+
+struct Gemma4RopeConfig {
+  std::string rope_type = "default";  // "default" or "proportional"
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  double factor = 1.0;
+};
+
+// Field names follow config.json.
+struct Gemma4Config {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  std::vector<std::string> layer_types;  // "sliding_attention" / "full_attention"
+  int64_t sliding_window = 0;
+  double rms_norm_eps = 1e-6;
+  Gemma4RopeConfig rope_sliding, rope_full;
+  std::optional<double> final_logit_softcapping;
+  int64_t hidden_size_per_layer_input = 0;
+  int64_t vocab_size_per_layer_input = 0;
+  bool attention_k_eq_v = false;
+  int64_t num_kv_shared_layers = 0;
+  bool use_double_wide_mlp = false;
+  bool enable_moe_block = false;
+  int64_t num_experts = 0;
+  int64_t top_k_experts = 0;
+  int64_t moe_intermediate_size = 0;
+  bool tie_word_embeddings = true;
+  int64_t max_position_embeddings = 0;
+
+  // Resolved per layer from either config form: the released checkpoints' global_head_dim /
+  // num_global_key_value_heads, or transformers 5.x's per_layer_config.
+  struct Layer {
+    bool sliding = true;
+    int64_t head_dim = 0;
+    int64_t n_kv_heads = 0;
+    bool k_eq_v = false;     // full layer whose values reuse the key projection
+    bool shares_kv = false;  // reads the cache of kv_source instead of owning one
+    int64_t kv_source = 0;   // the layer whose cache it attends (itself unless shares_kv)
+    int64_t mlp_width = 0;
+  };
+  std::vector<Layer> layers;
+};
+
+Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file);
+
+Result<std::unique_ptr<Model>> load_gemma4(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
+                                           const ModelOptions& options);
+
+}  // namespace kiln

@@ -1,0 +1,64 @@
+// The model interface the runtime, CLI and server drive, and the registry that builds a model from
+// a checkpoint directory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "ops/backend.h"
+#include "runtime/sequence_state.h"
+
+namespace kiln {
+
+struct ModelInfo {
+  std::string family;      // "gemma4" or "qwen3_5"
+  std::string model_type;  // as config.json says
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t n_layers = 0;
+  int64_t max_position_embeddings = 0;
+  size_t weight_bytes = 0;  // bytes of the checkpoint tensors in use
+};
+
+struct ModelOptions {
+  // The most tokens one forward call takes; longer prompts are split. Sliding-window caches hold
+  // window - 1 + this many positions, so their size never grows with the sequence.
+  int64_t max_chunk_tokens = 512;
+};
+
+// One sequence's share of a forward call.
+struct SeqChunk {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> tokens;
+};
+
+enum class LogitRows { all, last };
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ModelInfo& info() const = 0;
+  virtual Backend& backend() const = 0;
+  virtual int64_t max_chunk_tokens() const = 0;
+
+  // A fresh sequence whose caches can hold max_context tokens.
+  virtual Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) = 0;
+
+  // Runs every chunk's tokens through its sequence (advancing it) and returns f32 logits on the
+  // backend: a row per token (all) or the last token of each chunk (last), in batch order.
+  virtual Result<Tensor> forward(std::span<const SeqChunk> batch, LogitRows rows) = 0;
+};
+
+// Builds the model a directory holds, on `backend`. The architecture comes from config.json's
+// model_type through an explicit table; an unknown one is an error naming it.
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend,
+                                          const ModelOptions& options = {});
+
+std::vector<std::string> supported_model_types();
+
+}  // namespace kiln

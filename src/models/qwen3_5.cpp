@@ -1,0 +1,311 @@
+// Qwen 3.5 text decoder. Read against transformers' modeling_qwen3_5.py / modeling_qwen3_5_moe.py
+// (Qwen3_5TextModel) and mlx-lm's qwen3_5.py.
+#include "models/qwen3_5.h"
+
+#include <cmath>
+
+#include "layers/attention.h"
+#include "layers/gated_delta_net.h"
+#include "layers/mlp.h"
+#include "models/batch_prep.h"
+#include "models/loader.h"
+
+namespace kiln {
+
+Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file) {
+  ConfigReader r(file.text, file.path);
+  Qwen35Config c;
+  c.vocab_size = r.get_int("vocab_size");
+  c.hidden_size = r.get_int("hidden_size");
+  c.num_hidden_layers = r.get_int("num_hidden_layers");
+  c.num_attention_heads = r.get_int("num_attention_heads");
+  c.num_key_value_heads = r.get_int("num_key_value_heads");
+  c.head_dim = r.get_int("head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  c.rms_norm_eps = r.get_float("rms_norm_eps", 1e-6);
+  c.linear_conv_kernel_dim = r.get_int("linear_conv_kernel_dim", 4);
+  c.linear_key_head_dim = r.get_int("linear_key_head_dim", 128);
+  c.linear_value_head_dim = r.get_int("linear_value_head_dim", 128);
+  c.linear_num_key_heads = r.get_int("linear_num_key_heads", 16);
+  c.linear_num_value_heads = r.get_int("linear_num_value_heads", 32);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  c.max_position_embeddings = r.get_int("max_position_embeddings", 32768);
+  c.num_experts = r.get_int("num_experts", 0);
+  if (c.num_experts > 0) {
+    c.num_experts_per_tok = r.get_int("num_experts_per_tok");
+    c.moe_intermediate_size = r.get_int("moe_intermediate_size");
+    c.shared_expert_intermediate_size = r.get_int("shared_expert_intermediate_size", 0);
+    c.norm_topk_prob = r.get_bool("norm_topk_prob", true);
+  } else {
+    c.intermediate_size = r.get_int("intermediate_size");
+  }
+  if (r.get_bool("attention_bias", false)) r.fail("attention_bias = true is not supported");
+  if (!r.get_bool("attn_output_gate", true)) r.fail("attn_output_gate = false is not supported");
+  const std::string act = r.get_string("hidden_act", "silu");
+  if (act != "silu") r.fail("hidden_act '" + act + "' is not supported (silu)");
+
+  // RoPE: rope_parameters (transformers 5), or the older top-level keys
+  c.rope_theta = r.get_float("rope_theta", 1e7);
+  c.partial_rotary_factor = r.get_float("partial_rotary_factor", 0.25);
+  if (r.has("rope_parameters")) {
+    ConfigReader rp(file.text["rope_parameters"], file.path + " rope_parameters");
+    c.rope_theta = rp.get_float("rope_theta", c.rope_theta);
+    c.partial_rotary_factor = rp.get_float("partial_rotary_factor", c.partial_rotary_factor);
+    std::string type = rp.get_string("rope_type", rp.get_string("type", "default"));
+    if (type != "default" && type != "mrope") rp.fail("rope_type '" + type + "' is not supported (default)");
+    KILN_TRY(rp.status());
+  }
+  KILN_TRY(r.status());
+
+  const int64_t L = c.num_hidden_layers;
+  if (L <= 0 || c.hidden_size <= 0 || c.vocab_size <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
+      c.head_dim <= 0)
+    return make_error("{}: sizes must be positive", file.path);
+  c.layer_types = r.get_strings("layer_types");
+  if (c.layer_types.empty()) {
+    const int64_t interval = r.get_int("full_attention_interval", 4);
+    if (interval <= 0) return make_error("{}: full_attention_interval must be positive", file.path);
+    for (int64_t i = 0; i < L; ++i) c.layer_types.push_back((i + 1) % interval ? "linear_attention" : "full_attention");
+  }
+  KILN_TRY(r.status());
+  if (int64_t(c.layer_types.size()) != L)
+    return make_error("{}: layer_types has {} entries for {} layers", file.path, c.layer_types.size(), L);
+  for (const auto& t : c.layer_types)
+    if (t != "linear_attention" && t != "full_attention")
+      return make_error("{}: unknown layer type '{}'", file.path, t);
+  if (c.num_attention_heads % c.num_key_value_heads)
+    return make_error("{}: {} query heads do not group over {} KV heads", file.path, c.num_attention_heads,
+                      c.num_key_value_heads);
+  if (c.linear_num_key_heads <= 0 || c.linear_num_value_heads % c.linear_num_key_heads)
+    return make_error("{}: linear_num_value_heads {} must be a multiple of linear_num_key_heads {}", file.path,
+                      c.linear_num_value_heads, c.linear_num_key_heads);
+  if (c.num_experts > 0 && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts))
+    return make_error("{}: num_experts_per_tok {} of {} experts", file.path, c.num_experts_per_tok, c.num_experts);
+  return c;
+}
+
+namespace {
+
+struct Qwen35Layer {
+  bool linear = true;
+  Tensor input_layernorm, post_attention_layernorm;
+  // Gated DeltaNet
+  GatedDeltaNet delta;
+  // gated attention
+  Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+  // feed-forward: dense, or routed experts plus a gated shared expert
+  GluMlp mlp;
+  Tensor router;  // [E, H]
+  ExpertStack experts;
+  GluMlp shared_expert;
+  Tensor shared_expert_gate;  // [1, H]
+};
+
+class Qwen35Model final : public Model {
+ public:
+  Qwen35Model(Qwen35Config config, Backend& backend, const ModelOptions& options)
+      : config_(std::move(config)), backend_(backend), options_(options) {}
+
+  Status load(const WeightStore& store, const std::string& model_type);
+
+  const ModelInfo& info() const override { return info_; }
+  Backend& backend() const override { return backend_; }
+  int64_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
+  Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) override;
+  Result<Tensor> forward(std::span<const SeqChunk> batch, LogitRows rows) override;
+
+ private:
+  Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
+  Tensor feed_forward_block(const Qwen35Layer& w, const Tensor& x);
+  Tensor norm(const Tensor& x, const Tensor& weight);
+
+  Qwen35Config config_;
+  Backend& backend_;
+  ModelOptions options_;
+  ModelInfo info_;
+  GatedDeltaNetShape delta_shape_;
+  // transformers stores the main norms as w with a (1 + w) multiplier; mlx-lm stores 1 + w
+  float norm_offset_ = 1.0f;
+  Tensor embed_tokens, norm_weight, lm_head;
+  std::vector<Qwen35Layer> layers_;
+  RopeTable rope_;
+};
+
+Status Qwen35Model::load(const WeightStore& store, const std::string& model_type) {
+  const Qwen35Config& c = config_;
+  WeightLoader w(store, backend_);
+  const int64_t H = c.hidden_size, Hq = c.num_attention_heads, kv = c.num_key_value_heads, hd = c.head_dim;
+  delta_shape_ = GatedDeltaNetShape{.n_k_heads = int(c.linear_num_key_heads),
+                                    .n_v_heads = int(c.linear_num_value_heads),
+                                    .k_dim = int(c.linear_key_head_dim),
+                                    .v_dim = int(c.linear_value_head_dim),
+                                    .conv_kernel = int(c.linear_conv_kernel_dim),
+                                    .eps = float(c.rms_norm_eps)};
+
+  // Which norm convention the checkpoint uses: mlx-lm's conversion moves the conv weight from
+  // [C, 1, K] to [C, K, 1] and adds 1 to the norms in the same step, so the conv shape tells.
+  bool saw_conv = false, hf_conv = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string name = "layers." + std::to_string(i) + ".linear_attn.conv1d.weight";
+    if (!store.has(name)) continue;
+    KILN_ASSIGN(Tensor conv, store.get(name));
+    saw_conv = true;
+    hf_conv = hf_conv || conv.dim(-1) != 1;
+  }
+  norm_offset_ = (saw_conv ? hf_conv : !store.mlx_prefixed()) ? 1.0f : 0.0f;
+
+  KILN_ASSIGN(embed_tokens, w.matrix("embed_tokens.weight", Shape{c.vocab_size, H}));
+  KILN_ASSIGN(norm_weight, w.vector("norm.weight", Shape{H}));
+  if (c.tie_word_embeddings) {
+    lm_head = embed_tokens;
+  } else {
+    KILN_ASSIGN(lm_head, w.matrix("lm_head.weight", Shape{c.vocab_size, H}));
+  }
+
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i);
+    Qwen35Layer layer;
+    layer.linear = c.layer_types[size_t(i)] == "linear_attention";
+    KILN_ASSIGN(layer.input_layernorm, w.vector(p + ".input_layernorm.weight", Shape{H}));
+    KILN_ASSIGN(layer.post_attention_layernorm, w.vector(p + ".post_attention_layernorm.weight", Shape{H}));
+    if (layer.linear) {
+      KILN_ASSIGN(layer.delta, load_gated_delta_net(w, p + ".linear_attn", H, delta_shape_));
+    } else {
+      const std::string a = p + ".self_attn";
+      KILN_ASSIGN(layer.q_proj, w.matrix(a + ".q_proj.weight", Shape{Hq * hd * 2, H}));
+      KILN_ASSIGN(layer.k_proj, w.matrix(a + ".k_proj.weight", Shape{kv * hd, H}));
+      KILN_ASSIGN(layer.v_proj, w.matrix(a + ".v_proj.weight", Shape{kv * hd, H}));
+      KILN_ASSIGN(layer.o_proj, w.matrix(a + ".o_proj.weight", Shape{H, Hq * hd}));
+      KILN_ASSIGN(layer.q_norm, w.vector(a + ".q_norm.weight", Shape{hd}));
+      KILN_ASSIGN(layer.k_norm, w.vector(a + ".k_norm.weight", Shape{hd}));
+    }
+    if (c.num_experts > 0) {
+      const std::string m = p + ".mlp";
+      KILN_ASSIGN(layer.router, w.matrix(m + ".gate.weight", Shape{c.num_experts, H}));
+      KILN_ASSIGN(layer.experts,
+                  load_experts(w, m + ".experts", m + ".switch_mlp", c.num_experts, H, c.moe_intermediate_size));
+      if (c.shared_expert_intermediate_size > 0) {
+        KILN_ASSIGN(layer.shared_expert, load_glu_mlp(w, m + ".shared_expert", H, c.shared_expert_intermediate_size));
+        KILN_ASSIGN(layer.shared_expert_gate, w.matrix(m + ".shared_expert_gate.weight", Shape{1, H}));
+      }
+    } else {
+      KILN_ASSIGN(layer.mlp, load_glu_mlp(w, p + ".mlp", H, c.intermediate_size));
+    }
+    layers_.push_back(std::move(layer));
+  }
+  // partial RoPE: rotate-half within the first partial_rotary_factor share of each head
+  rope_ = make_rope(backend_, int(double(hd) * c.partial_rotary_factor), c.rope_theta);
+
+  info_ = ModelInfo{.family = "qwen3_5",
+                    .model_type = model_type,
+                    .vocab_size = c.vocab_size,
+                    .hidden_size = H,
+                    .n_layers = c.num_hidden_layers,
+                    .max_position_embeddings = c.max_position_embeddings,
+                    .weight_bytes = store.total_bytes()};
+  return ok_status();
+}
+
+Result<std::unique_ptr<SequenceState>> Qwen35Model::new_sequence(int64_t max_context) {
+  if (max_context <= 0) return make_error("context size must be positive, got {}", max_context);
+  std::vector<LayerState> layers(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i].linear)
+      init_gated_delta_state(backend_, layers[i], delta_shape_);
+    else
+      layers[i].kv = new_kv_cache(backend_, max_context, int(config_.num_key_value_heads), int(config_.head_dim));
+  }
+  return std::make_unique<SequenceState>(std::move(layers), max_context);
+}
+
+Tensor Qwen35Model::norm(const Tensor& x, const Tensor& weight) {
+  Tensor out = backend_.alloc(backend_.activation_dtype(), Shape{x.rows(), x.cols()});
+  backend_.rms_norm(x, weight, float(config_.rms_norm_eps), norm_offset_, out);
+  return out;
+}
+
+Tensor Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const Tensor& x) {
+  const Qwen35Layer& w = layers_[size_t(l)];
+  const int64_t T = batch.n_tokens, Hq = config_.num_attention_heads, kv = config_.num_key_value_heads;
+  const int64_t hd = config_.head_dim;
+  const float eps = float(config_.rms_norm_eps);
+  const DType dt = backend_.activation_dtype();
+
+  // q_proj gives, per head, the query followed by an output gate of the same width
+  Tensor q_and_gate = backend_.alloc(dt, Shape{T * Hq, 2 * hd});
+  Tensor q_and_gate_rows = q_and_gate.reshape(Shape{T, Hq * 2 * hd});
+  backend_.matmul(x, w.q_proj, q_and_gate_rows);
+  Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
+  backend_.rms_norm(q_and_gate.cols_view(0, hd), w.q_norm, eps, norm_offset_, q);
+  Tensor gate = q_and_gate.cols_view(hd, hd);  // [T·Hq, hd], row-strided
+
+  Tensor k = backend_.alloc(dt, Shape{T, kv, hd});
+  backend_.matmul(x, w.k_proj, k);
+  Tensor k_heads = k.reshape(Shape{T * kv, hd});
+  backend_.rms_norm(k_heads, w.k_norm, eps, norm_offset_, k_heads);
+  Tensor v = backend_.alloc(dt, Shape{T, kv, hd});
+  backend_.matmul(x, w.v_proj, v);
+  apply_rope(backend_, batch, rope_, q);
+  apply_rope(backend_, batch, rope_, k);
+
+  Tensor attn = cached_attention(
+      backend_, batch, int(l), q, &k, &v,
+      AttentionShape{
+          .n_heads = int(Hq), .n_kv_heads = int(kv), .head_dim = int(hd), .scale = float(1.0 / std::sqrt(double(hd)))});
+  Tensor attn_heads = attn.reshape(Shape{T * Hq, hd});
+  backend_.sigmoid_mul(attn_heads, gate, attn_heads);
+  Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
+  backend_.matmul(attn, w.o_proj, out);
+  return out;
+}
+
+Tensor Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x) {
+  if (config_.num_experts == 0) return glu_mlp(backend_, x, w.mlp, Activation::silu);
+  Tensor logits = backend_.alloc(DType::f32, Shape{x.rows(), config_.num_experts});
+  backend_.matmul(x, w.router, logits);
+  Tensor out = routed_experts(
+      backend_, logits, x, w.experts,
+      MoeRouting{
+          .top_k = int(config_.num_experts_per_tok), .renormalize = config_.norm_topk_prob, .expert_scale = Tensor()},
+      Activation::silu);
+  if (config_.shared_expert_intermediate_size > 0) {
+    Tensor shared = glu_mlp(backend_, x, w.shared_expert, Activation::silu);
+    Tensor gate = backend_.alloc(DType::f32, Shape{x.rows(), 1});
+    backend_.matmul(x, w.shared_expert_gate, gate);
+    backend_.add_sigmoid_gated(out, shared, gate);
+  }
+  return out;
+}
+
+Result<Tensor> Qwen35Model::forward(std::span<const SeqChunk> chunks, LogitRows rows) {
+  KILN_ASSIGN(PreparedBatch prepared, prepare_batch(backend_, chunks, config_.vocab_size, options_.max_chunk_tokens));
+  const BatchLayout& batch = prepared.layout;
+  const int64_t T = batch.n_tokens, H = config_.hidden_size;
+
+  Tensor h = backend_.alloc(backend_.activation_dtype(), Shape{T, H});
+  backend_.embed(prepared.ids, embed_tokens, 1.0f, h);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const Qwen35Layer& w = layers_[size_t(l)];
+    Tensor x = norm(h, w.input_layernorm);
+    Tensor mixed =
+        w.linear ? gated_delta_net(backend_, batch, int(l), x, w.delta, delta_shape_) : attention_block(batch, l, x);
+    backend_.add(h, mixed, 1.0f, h);
+    backend_.add(h, feed_forward_block(w, norm(h, w.post_attention_layernorm)), 1.0f, h);
+  }
+  Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);
+  Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});
+  backend_.matmul(last, lm_head, logits);
+  advance_sequences(batch);
+  return logits;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_qwen3_5(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
+                                            const ModelOptions& options) {
+  KILN_ASSIGN(Qwen35Config config, parse_qwen3_5_config(file));
+  auto model = std::make_unique<Qwen35Model>(std::move(config), backend, options);
+  KILN_TRY(model->load(weights, file.model_type));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+// model_type -> family loader. An explicit table: every supported architecture is listed here.
+#include <spdlog/spdlog.h>
+#include <functional>
+#include <map>
+
+#include "io/config.h"
+#include "io/weights.h"
+#include "models/gemma4.h"
+#include "models/model.h"
+#include "models/qwen3_5.h"
+
+namespace kiln {
+
+namespace {
+
+using Loader = std::function<Result<std::unique_ptr<Model>>(const ModelConfigFile&, const WeightStore&, Backend&,
+                                                            const ModelOptions&)>;
+
+const std::map<std::string, Loader>& registry() {
+  static const std::map<std::string, Loader> table = {
+      {"gemma4", load_gemma4},        {"gemma4_text", load_gemma4},  {"qwen3_5", load_qwen3_5},
+      {"qwen3_5_text", load_qwen3_5}, {"qwen3_5_moe", load_qwen3_5}, {"qwen3_5_moe_text", load_qwen3_5},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> supported_model_types() {
+  std::vector<std::string> out;
+  for (const auto& [name, loader] : registry()) out.push_back(name);
+  return out;
+}
+
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend, const ModelOptions& options) {
+  KILN_ASSIGN(ModelConfigFile config, read_model_config(model_dir));
+  auto it = registry().find(config.model_type);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& name : supported_model_types()) known += (known.empty() ? "" : ", ") + name;
+    return make_error("unsupported model_type '{}' in {} (supported: {})", config.model_type, config.path, known);
+  }
+  KILN_ASSIGN(WeightStore weights, WeightStore::open(model_dir));
+  KILN_ASSIGN(auto model, it->second(config, weights, backend, options));
+  auto unused = weights.unused();
+  if (!unused.empty())
+    spdlog::warn("{} tensors in {} are not used by {} (first: {})", unused.size(), model_dir, config.model_type,
+                 weights.describe(unused.front()));
+  return model;
+}
+
+}  // namespace kiln

@@ -1,0 +1,71 @@
+// Helpers shared by the test binaries: fixture discovery and logits comparison.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/npy.h"
+
+namespace kiln::test {
+
+inline std::string source_dir() {
+  return KILN_SOURCE_DIR;
+}
+inline std::string fixtures_dir() {
+  return source_dir() + "/tests/fixtures";
+}
+inline std::string fixture_path(const std::string& name) {
+  return fixtures_dir() + "/" + name;
+}
+
+// Every oracle fixture directory (those holding logits.npy), sorted.
+inline std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir()))
+    if (std::filesystem::exists(entry.path() / "logits.npy")) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+inline std::vector<int32_t> fixture_ids(const std::string& name) {
+  return read_json(fixture_path(name) + "/ids.json").get<std::vector<int32_t>>();
+}
+
+struct LogitsComparison {
+  double max_abs_diff = 0;
+  double max_abs_reference = 0;
+  double argmax_agreement = 0;
+  double relative() const { return max_abs_reference > 0 ? max_abs_diff / max_abs_reference : max_abs_diff; }
+};
+
+// Compares logits [rows, vocab] with a reference of the same shape.
+inline LogitsComparison compare_logits(const float* got, const float* want, int64_t rows, int64_t vocab) {
+  LogitsComparison c;
+  int64_t agree = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = got + r * vocab;
+    const float* w = want + r * vocab;
+    for (int64_t v = 0; v < vocab; ++v) {
+      c.max_abs_diff = std::max(c.max_abs_diff, double(std::fabs(g[v] - w[v])));
+      c.max_abs_reference = std::max(c.max_abs_reference, double(std::fabs(w[v])));
+      if (std::isnan(g[v])) c.max_abs_diff = INFINITY;
+    }
+    agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
+  }
+  c.argmax_agreement = rows ? double(agree) / double(rows) : 1.0;
+  return c;
+}
+
+}  // namespace kiln::test

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <stdlib.h>
+#include <sys/wait.h>
+
 #include "core/npy.h"
 
 namespace kiln::test {
@@ -66,6 +69,51 @@ inline LogitsComparison compare_logits(const float* got, const float* want, int6
   }
   c.argmax_agreement = rows ? double(agree) / double(rows) : 1.0;
   return c;
+}
+
+}  // namespace kiln::test
+
+namespace kiln::test {
+
+// A scratch directory removed when the object goes away.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "kiln-test-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  // A copy of an oracle fixture inside this directory (under another name if given).
+  std::string copy_fixture(const std::string& name, const std::string& as = "") const {
+    const auto dst = std::filesystem::path(path_) / (as.empty() ? name : as);
+    std::filesystem::copy(fixture_path(name), dst, std::filesystem::copy_options::recursive);
+    return dst.string();
+  }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int exit_code = 0;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command, capturing its output.
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, "popen failed"};
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace kiln::test

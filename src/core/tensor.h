@@ -63,7 +63,7 @@ class Tensor {
         device_(device),
         row_stride_(row_stride < 0 ? (shape.rank() ? shape[-1] : 1) : row_stride) {}
 
-  bool defined() const { return data_ != nullptr || shape_.numel() == 0; }
+  bool defined() const { return data_ != nullptr; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   const Shape& shape() const { return shape_; }
@@ -93,7 +93,7 @@ class Tensor {
 
  private:
   DType dtype_ = DType::f32;
-  Shape shape_;
+  Shape shape_{0};  // an undefined tensor holds nothing
   void* data_ = nullptr;
   std::shared_ptr<void> owner_;
   Device device_ = Device::cpu;

@@ -1,0 +1,240 @@
+// Bad model directories: each gives a one-line error that names the file or tensor at fault,
+// from the library and from the CLI (non-zero exit), never a crash.
+#include <fstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "io/safetensors.h"
+#include "models/model.h"
+#include "test_util.h"
+
+namespace kiln::test {
+namespace {
+
+std::string load_error(const std::string& dir) {
+  CpuBackend backend(1);
+  auto model = load_model(dir, backend);
+  if (model.ok()) return "";
+  return model.error().message;
+}
+
+void expect_one_line(const std::string& message) {
+  EXPECT_FALSE(message.empty());
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Rewrites the fixture's single safetensors file with `edit` applied to its tensors.
+void rewrite_tensors(const std::string& dir, const std::function<void(std::vector<NamedTensor>&)>& edit) {
+  const std::string path = dir + "/model.safetensors";
+  std::vector<NamedTensor> tensors;
+  {
+    auto file = SafetensorsFile::open(path);
+    ASSERT_TRUE(file.ok());
+    for (const auto& info : (*file)->tensors()) {
+      auto view = (*file)->view(info);
+      ASSERT_TRUE(view.ok());
+      Tensor copy = host_tensor(view->dtype(), view->shape());
+      std::memcpy(copy.data(), view->data(), view->nbytes());
+      tensors.push_back({info.name, copy});
+    }
+  }
+  edit(tensors);
+  ASSERT_TRUE(write_safetensors(path, tensors).ok());
+}
+
+TEST(LoaderErrors, MissingWeights) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  std::filesystem::remove(dir + "/model.safetensors");
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("no model.safetensors"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, MissingShard) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_keqv");  // sharded
+  std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("model-00002-of-00002.safetensors"), std::string::npos) << error;
+  EXPECT_NE(error.find("missing"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, TruncatedFile) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  const auto bytes = read_file(dir + "/model.safetensors");
+  write_file(dir + "/model.safetensors", bytes.substr(0, bytes.size() / 2));
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("model.safetensors is truncated"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, TinyFile) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  write_file(dir + "/model.safetensors", "abc");
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("model.safetensors"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, CorruptHeader) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  auto bytes = read_file(dir + "/model.safetensors");
+  for (size_t i = 8; i < 40; ++i) bytes[i] = '#';
+  write_file(dir + "/model.safetensors", bytes);
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("corrupt"), std::string::npos) << error;
+  EXPECT_NE(error.find("model.safetensors"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, ImpossibleHeaderLength) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  auto bytes = read_file(dir + "/model.safetensors");
+  const uint64_t huge = uint64_t(1) << 40;
+  std::memcpy(bytes.data(), &huge, 8);
+  write_file(dir + "/model.safetensors", bytes);
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("header length"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, ShapeDisagreesWithConfig) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  rewrite_tensors(dir, [](std::vector<NamedTensor>& tensors) {
+    for (auto& t : tensors)
+      if (t.name == "model.layers.1.self_attn.q_proj.weight") t.tensor = host_tensor(DType::f32, Shape{64, 64});
+  });
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("'model.layers.1.self_attn.q_proj.weight'"), std::string::npos) << error;
+  EXPECT_NE(error.find("[64, 64]"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, MissingTensor) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("qwen3_5_dense");
+  rewrite_tensors(dir, [](std::vector<NamedTensor>& tensors) {
+    std::erase_if(tensors, [](const NamedTensor& t) { return t.name == "model.layers.2.linear_attn.A_log"; });
+  });
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("layers.2.linear_attn.A_log"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, IntegerTensorWhereFloatsBelong) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("qwen3_5_dense");
+  rewrite_tensors(dir, [](std::vector<NamedTensor>& tensors) {
+    for (auto& t : tensors)
+      if (t.name == "model.norm.weight") t.tensor = host_tensor(DType::i32, t.tensor.shape());
+  });
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("model.norm.weight"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, UnknownModelType) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  auto config = read_json(dir + "/config.json");
+  config["model_type"] = "llama";
+  write_file(dir + "/config.json", config.dump());
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("unsupported model_type 'llama'"), std::string::npos) << error;
+  EXPECT_NE(error.find("config.json"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, ConfigNotJson) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("gemma4_dense");
+  write_file(dir + "/config.json", "{ not json");
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("config.json is not valid JSON"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, ConfigFieldOfWrongType) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("qwen3_5_dense");
+  auto config = read_json(dir + "/config.json");
+  config["hidden_size"] = "sixty-four";
+  write_file(dir + "/config.json", config.dump());
+  const auto error = load_error(dir);
+  expect_one_line(error);
+  EXPECT_NE(error.find("'hidden_size' must be an integer"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, NotAModelDirectory) {
+  const auto error = load_error("/nonexistent/kiln-model");
+  expect_one_line(error);
+  EXPECT_NE(error.find("config.json"), std::string::npos) << error;
+}
+
+TEST(LoaderErrors, TokenOutsideVocabulary) {
+  CpuBackend backend(1);
+  auto model = load_model(fixture_path("gemma4_dense"), backend);
+  ASSERT_TRUE(model.ok());
+  auto state = (*model)->new_sequence(16);
+  ASSERT_TRUE(state.ok());
+  const std::vector<int32_t> ids = {1, 2, 100000};
+  SeqChunk chunk{.state = state->get(), .tokens = ids};
+  auto logits = (*model)->forward(std::span<const SeqChunk>(&chunk, 1), LogitRows::all);
+  ASSERT_FALSE(logits.ok());
+  EXPECT_NE(logits.error().message.find("100000"), std::string::npos);
+  EXPECT_EQ((*state)->length(), 0) << "a refused batch must leave the sequence untouched";
+}
+
+TEST(LoaderErrors, ContextOverflow) {
+  CpuBackend backend(1);
+  auto model = load_model(fixture_path("qwen3_5_dense"), backend);
+  ASSERT_TRUE(model.ok());
+  auto state = (*model)->new_sequence(4);
+  ASSERT_TRUE(state.ok());
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5};
+  SeqChunk chunk{.state = state->get(), .tokens = ids};
+  auto logits = (*model)->forward(std::span<const SeqChunk>(&chunk, 1), LogitRows::all);
+  ASSERT_FALSE(logits.ok());
+  EXPECT_NE(logits.error().message.find("context"), std::string::npos);
+}
+
+// The CLI turns each of these into one "kiln: error: ..." line and a non-zero exit.
+TEST(LoaderErrors, CliReportsOneLineAndFails) {
+  TempDir tmp;
+  const auto truncated = tmp.copy_fixture("gemma4_dense");
+  const auto bytes = read_file(truncated + "/model.safetensors");
+  write_file(truncated + "/model.safetensors", bytes.substr(0, bytes.size() - 100));
+  const std::string out = tmp.path() + "/out.npy";
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"logits " + truncated + " --ids 1,2,3 --out " + out, "model.safetensors is truncated"},
+           {"logits /nonexistent --ids 1,2,3 --out " + out, "config.json"},
+           {"logits " + fixture_path("gemma4_dense") + " --ids 1,x,3 --out " + out, "'x' is not a token id"},
+           {"logits " + fixture_path("gemma4_dense") + " --ids 1,2,99999 --out " + out, "99999"},
+           {"logits " + fixture_path("gemma4_dense") + " --ids 1,2 --out /nonexistent/dir/out.npy", "out.npy"},
+       }) {
+    auto r = run_command(std::string(KILN_BINARY) + " " + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_EQ(r.output.rfind("kiln: error: ", 0), 0u) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test

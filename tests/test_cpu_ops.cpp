@@ -181,10 +181,15 @@ TEST_F(CpuOps, AttentionOverRingCachesMatchesDirect) {
         std::copy_n(&v[size_t(s)][size_t(begin * hkv * hd)], seqs[i].n_rows * hkv * hd,
                     vt.data_as<float>() + seqs[i].row_begin * hkv * hd);
       }
-      backend.kv_write(KvWriteArgs{.k = kt, .v = vt, .seqs = seqs, .caches = batch_caches});
+      Tensor positions = host_tensor(DType::i32, Shape{rows});
+      for (const auto& sr : seqs)
+        for (int64_t i = 0; i < sr.n_rows; ++i)
+          positions.data_as<int32_t>()[sr.row_begin + i] = int32_t(sr.pos_begin + i);
+      backend.kv_write(KvWriteArgs{.k = kt, .v = vt, .positions = positions, .seqs = seqs, .caches = batch_caches});
       Tensor out = backend.alloc(DType::f32, Shape{rows, hq, hd});
       backend.attention(AttentionArgs{.q = qt,
                                       .out = out,
+                                      .positions = positions,
                                       .seqs = seqs,
                                       .caches = batch_caches,
                                       .n_heads = int(hq),

@@ -85,3 +85,37 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, OracleGreedy, testing::ValuesIn(fixture_names
 
 }  // namespace
 }  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// The CPU backend rounding weights, activations and caches to bf16 where the CUDA backend stores
+// bf16 stays within the GPU tolerance of the f32 path on every fixture: this keeps the fixtures
+// well conditioned for the GPU comparison, and checks the bf16 pipeline's rounding points on
+// machines without a GPU.
+class Bf16Emulation : public testing::TestWithParam<std::string> {};
+
+TEST_P(Bf16Emulation, StaysWithinGpuTolerance) {
+  const auto ids = fixture_ids(GetParam());
+  std::vector<std::vector<float>> logits;
+  for (bool emulate : {false, true}) {
+    CpuBackend backend(2, emulate);
+    auto model = load_model(fixture_path(GetParam()), backend);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    auto state = (*model)->new_sequence(int64_t(ids.size()));
+    auto out = run_tokens(**model, **state, ids, 0, LogitRows::all);
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    logits.emplace_back(out->data_as<float>(), out->data_as<float>() + out->numel());
+  }
+  const int64_t vocab = int64_t(logits[0].size() / ids.size());
+  auto c = compare_logits(logits[1].data(), logits[0].data(), int64_t(ids.size()), vocab);
+  EXPECT_LE(c.relative(), 2e-2);
+  EXPECT_GE(c.argmax_agreement, 0.97);
+  EXPECT_GT(c.max_abs_diff, 0.0) << "bf16 emulation changed nothing: it is not rounding";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16Emulation, testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kiln::test

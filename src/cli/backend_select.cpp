@@ -2,6 +2,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#ifdef KILN_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace kiln::cli {
 
@@ -12,7 +15,15 @@ void add_run_options(CLI::App& command, RunOptions& options) {
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options) {
+#ifdef KILN_HAS_CUDA
+  if (options.device == "cuda" || (options.device.empty() && cuda_device_present())) {
+    KILN_ASSIGN(auto cuda, make_cuda_backend(0));
+    spdlog::info("backend: {}", cuda->name());
+    return cuda;
+  }
+#else
   if (options.device == "cuda") return make_error("this kiln was built without CUDA; use --device cpu");
+#endif
   auto backend = std::make_unique<CpuBackend>(options.threads);
   spdlog::info("backend: {}", backend->name());
   return std::unique_ptr<Backend>(std::move(backend));

@@ -55,10 +55,12 @@ Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_la
                         const Tensor* v, const AttentionShape& shape) {
   std::vector<KvCacheView> caches;
   for (SequenceState* s : batch.states) caches.push_back(s->layers()[size_t(cache_layer)].kv);
-  if (k && v) backend.kv_write(KvWriteArgs{.k = *k, .v = *v, .seqs = batch.seqs, .caches = caches});
+  if (k && v)
+    backend.kv_write(KvWriteArgs{.k = *k, .v = *v, .positions = batch.positions, .seqs = batch.seqs, .caches = caches});
   Tensor out = backend.alloc(backend.activation_dtype(), Shape{batch.n_tokens, shape.n_heads, shape.head_dim});
   backend.attention(AttentionArgs{.q = q,
                                   .out = out,
+                                  .positions = batch.positions,
                                   .seqs = batch.seqs,
                                   .caches = caches,
                                   .n_heads = shape.n_heads,

@@ -194,7 +194,9 @@ class Gemma4Model final : public Model {
   Backend& backend() const override { return backend_; }
   int64_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) override;
-  Result<Tensor> forward(std::span<const SeqChunk> batch, LogitRows rows) override;
+
+ protected:
+  Result<Tensor> forward_impl(std::span<const SeqChunk> batch, LogitRows rows) override;
 
  private:
   Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
@@ -398,7 +400,7 @@ Tensor Gemma4Model::per_layer_inputs(const Tensor& ids, const Tensor& embedded) 
   return context_part;
 }
 
-Result<Tensor> Gemma4Model::forward(std::span<const SeqChunk> chunks, LogitRows rows) {
+Result<Tensor> Gemma4Model::forward_impl(std::span<const SeqChunk> chunks, LogitRows rows) {
   KILN_ASSIGN(PreparedBatch prepared, prepare_batch(backend_, chunks, config_.vocab_size, options_.max_chunk_tokens));
   const BatchLayout& batch = prepared.layout;
   const int64_t T = batch.n_tokens, H = config_.hidden_size, P = config_.hidden_size_per_layer_input;

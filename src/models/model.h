@@ -51,7 +51,11 @@ class Model {
 
   // Runs every chunk's tokens through its sequence (advancing it) and returns f32 logits on the
   // backend: a row per token (all) or the last token of each chunk (last), in batch order.
-  virtual Result<Tensor> forward(std::span<const SeqChunk> batch, LogitRows rows) = 0;
+  // Device failures (out of memory, a failed launch) come back as errors too.
+  Result<Tensor> forward(std::span<const SeqChunk> batch, LogitRows rows);
+
+ protected:
+  virtual Result<Tensor> forward_impl(std::span<const SeqChunk> batch, LogitRows rows) = 0;
 };
 
 // Builds the model a directory holds, on `backend`. The architecture comes from config.json's

@@ -32,7 +32,20 @@ std::vector<std::string> supported_model_types() {
   return out;
 }
 
-Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend, const ModelOptions& options) {
+Result<Tensor> Model::forward(std::span<const SeqChunk> batch, LogitRows rows) {
+  try {
+    KILN_ASSIGN(Tensor logits, forward_impl(batch, rows));
+    KILN_TRY(backend().status());
+    return logits;
+  } catch (const std::exception& e) {  // allocation failures surface here as exceptions
+    return make_error("forward failed: {}", e.what());
+  }
+}
+
+namespace {
+
+Result<std::unique_ptr<Model>> load_model_unchecked(const std::string& model_dir, Backend& backend,
+                                                    const ModelOptions& options) {
   KILN_ASSIGN(ModelConfigFile config, read_model_config(model_dir));
   auto it = registry().find(config.model_type);
   if (it == registry().end()) {
@@ -46,7 +59,18 @@ Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend&
   if (!unused.empty())
     spdlog::warn("{} tensors in {} are not used by {} (first: {})", unused.size(), model_dir, config.model_type,
                  weights.describe(unused.front()));
+  KILN_TRY(backend.status());
   return model;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend, const ModelOptions& options) {
+  try {
+    return load_model_unchecked(model_dir, backend, options);
+  } catch (const std::exception& e) {
+    return make_error("loading {} failed: {}", model_dir, e.what());
+  }
 }
 
 }  // namespace kiln

@@ -115,6 +115,7 @@ void CpuBackend::attention(const AttentionArgs& args) {
       for (int64_t d = 0; d < hd; ++d) o[d] = denom > 0 ? float(acc[size_t(d)] / denom) : 0.0f;
     }
   });
+  finish(args.out);
 }
 
 }  // namespace kiln

@@ -60,16 +60,52 @@ void convert_to_f32(const Tensor& src, float* dst) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads) : pool_(resolve_threads(n_threads)) {
+CpuBackend::CpuBackend(int n_threads, bool emulate_bf16)
+    : pool_(resolve_threads(n_threads)),
+      emulate_bf16_(emulate_bf16),
+      bf16_regions_(std::make_shared<std::map<const char*, const char*>>()),
+      regions_mutex_(std::make_shared<std::mutex>()) {
   openblas_set_num_threads(pool_.size());
 }
 
 std::string CpuBackend::name() const {
-  return fmt::format("cpu ({} threads)", pool_.size());
+  return fmt::format("cpu ({} threads{})", pool_.size(), emulate_bf16_ ? ", bf16 emulation" : "");
 }
 
 Tensor CpuBackend::alloc(DType dtype, Shape shape) {
-  return host_tensor(dtype, shape);
+  if (!emulate_bf16_ || dtype != DType::bf16) return host_tensor(dtype, shape);
+  // held as f32; every op that writes it rounds to bf16
+  Tensor t = host_tensor(DType::f32, shape);
+  const char* begin = static_cast<const char*>(t.data());
+  {
+    std::lock_guard<std::mutex> lock(*regions_mutex_);
+    (*bf16_regions_)[begin] = begin + t.nbytes();
+  }
+  auto regions = bf16_regions_;
+  auto mutex = regions_mutex_;
+  std::shared_ptr<void> storage = t.owner();
+  std::shared_ptr<void> owner(t.data(), [regions, mutex, storage](void* p) mutable {
+    std::lock_guard<std::mutex> lock(*mutex);
+    regions->erase(static_cast<const char*>(p));
+    storage.reset();
+  });
+  return Tensor(DType::f32, shape, t.data(), owner, Device::cpu);
+}
+
+void CpuBackend::finish(const Tensor& t) {
+  if (!emulate_bf16_ || t.dtype() != DType::f32) return;
+  const char* p = static_cast<const char*>(t.data());
+  {
+    std::lock_guard<std::mutex> lock(*regions_mutex_);
+    auto it = bf16_regions_->upper_bound(p);
+    if (it == bf16_regions_->begin()) return;
+    --it;
+    if (p >= it->second) return;
+  }
+  for (int64_t r = 0; r < t.rows(); ++r) {
+    float* row = row_ptr(t, r);
+    for (int64_t c = 0; c < t.cols(); ++c) row[c] = bf16_to_f32(f32_to_bf16(row[c]));
+  }
 }
 
 Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
@@ -82,11 +118,14 @@ Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
                   size_t(host.cols()) * dtype_size(host.dtype()));
     return out;
   }
-  (void)dtype;  // the CPU computes in f32 whatever the request
-  // f32 weights that are contiguous and aligned are used in place, straight from the mapping
-  if (host.dtype() == DType::f32 && host.contiguous() && reinterpret_cast<uintptr_t>(host.data()) % 4 == 0) return host;
-  Tensor out = host_tensor(DType::f32, host.shape());
+  // the CPU computes in f32; f32 weights that are contiguous and aligned are used in place,
+  // straight from the mapping (unless emulation must round them to bf16)
+  const bool round = emulate_bf16_ && dtype == DType::bf16;
+  if (host.dtype() == DType::f32 && host.contiguous() && reinterpret_cast<uintptr_t>(host.data()) % 4 == 0 && !round)
+    return host;
+  Tensor out = alloc(round ? DType::bf16 : DType::f32, host.shape());
   convert_to_f32(host, out.data_as<float>());
+  finish(out);
   return out;
 }
 
@@ -104,6 +143,7 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
     std::memcpy(static_cast<char*>(dst.data()) + size_t(r * dst.row_stride()) * dtype_size(dst.dtype()),
                 static_cast<const char*>(src.data()) + size_t(r * src.row_stride()) * dtype_size(src.dtype()),
                 row_bytes);
+  finish(dst);
 }
 
 void CpuBackend::fill(Tensor& t, float value) {
@@ -126,6 +166,7 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   if (m == 0) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, x.data_as<float>(),
               int(x.row_stride()), w.data_as<float>(), int(k), 0.0f, out.data_as<float>(), int(ldc));
+  finish(out);
 }
 
 void CpuBackend::embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) {
@@ -142,6 +183,7 @@ void CpuBackend::embed(const Tensor& ids, const Tensor& table, float scale, Tens
         }
       },
       grain_for(dim));
+  finish(out);
 }
 
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) {
@@ -164,6 +206,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, floa
         }
       },
       grain_for(cols));
+  finish(out);
 }
 
 void CpuBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) {
@@ -183,6 +226,7 @@ void CpuBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& 
         }
       },
       grain_for(cols));
+  finish(out);
 }
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, float scale, Tensor& out) {
@@ -202,6 +246,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, float scale, Tensor& out)
         }
       },
       grain_for(cols));
+  finish(out);
 }
 
 void CpuBackend::scale(const Tensor& x, float s, Tensor& out) {
@@ -216,6 +261,7 @@ void CpuBackend::scale(const Tensor& x, float s, Tensor& out) {
         }
       },
       grain_for(cols));
+  finish(out);
 }
 
 void CpuBackend::glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
@@ -235,6 +281,7 @@ void CpuBackend::glu(const Tensor& gate, const Tensor& up, Activation act, Tenso
         }
       },
       grain_for(cols));
+  finish(out);
 }
 
 void CpuBackend::sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) {
@@ -250,6 +297,7 @@ void CpuBackend::sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) {
         }
       },
       grain_for(cols));
+  finish(out);
 }
 
 void CpuBackend::add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) {
@@ -265,6 +313,7 @@ void CpuBackend::add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& g
         }
       },
       grain_for(cols));
+  finish(acc);
 }
 
 void CpuBackend::softcap(Tensor& x, float cap) {

@@ -1,7 +1,9 @@
 // The CPU backend: f32 compute, multi-threaded; the reference implementation of every op.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "core/thread_pool.h"
 #include "ops/backend.h"
@@ -11,12 +13,15 @@ namespace kiln {
 class CpuBackend final : public Backend {
  public:
   // n_threads: worker threads for kiln's own kernels and for OpenBLAS (0: all cores).
-  explicit CpuBackend(int n_threads = 0);
+  // emulate_bf16: compute in f32 but round weights, activations and caches to bf16 wherever the
+  // CUDA backend stores bf16, so that a GPU result can be checked against the same roundings and a
+  // model's sensitivity to bf16 can be measured without a GPU.
+  explicit CpuBackend(int n_threads = 0, bool emulate_bf16 = false);
 
   Device device() const override { return Device::cpu; }
   std::string name() const override;
-  DType activation_dtype() const override { return DType::f32; }
-  DType matrix_dtype() const override { return DType::f32; }
+  DType activation_dtype() const override { return emulate_bf16_ ? DType::bf16 : DType::f32; }
+  DType matrix_dtype() const override { return emulate_bf16_ ? DType::bf16 : DType::f32; }
   int threads() const { return pool_.size(); }
 
   Tensor alloc(DType dtype, Shape shape) override;
@@ -49,7 +54,14 @@ class CpuBackend final : public Backend {
   ThreadPool& pool() { return pool_; }
 
  private:
+  // Under bf16 emulation: rounds t to bf16 if it lives in memory allocated as bf16.
+  void finish(const Tensor& t);
+
   ThreadPool pool_;
+  bool emulate_bf16_ = false;
+  // bf16 allocations (held as f32): start address -> end address
+  std::shared_ptr<std::map<const char*, const char*>> bf16_regions_;
+  std::shared_ptr<std::mutex> regions_mutex_;
 };
 
 // Row access helpers shared by the CPU kernels (all CPU tensors of floats are f32).

@@ -90,6 +90,7 @@ void CpuBackend::moe_experts(const MoeExpertsArgs& args) {
       for (int64_t c = 0; c < hidden; ++c) o[c] += w * d[size_t(i * hidden + c)];
     }
   }
+  finish(args.out);
 }
 
 }  // namespace kiln

@@ -168,6 +168,7 @@ void CpuBackend::causal_conv1d(const CausalConvArgs& args) {
         },
         16);
   }
+  finish(args.out);
 }
 
 void CpuBackend::gated_delta(const GatedDeltaArgs& args) {
@@ -215,6 +216,7 @@ void CpuBackend::gated_delta(const GatedDeltaArgs& args) {
         chunked_rule(in, state, out, args.out.row_stride(), args.chunk_size);
     }
   });
+  finish(args.out);
 }
 
 }  // namespace kiln

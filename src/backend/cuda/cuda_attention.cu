@@ -1,0 +1,392 @@
+// CUDA backend: RoPE, the KV-cache ring, and attention over it.
+//
+// Attention is one kernel for prefill and decode: a block takes a tile of query rows that share a
+// KV head (tokens × the query heads of that group) and streams the sequence's cache through shared
+// memory in tiles of BK slots, with scores and P·V on tensor cores (WMMA, bf16 in, f32 accumulate)
+// and an online softmax in f32. Masks follow each slot's stored position, so sliding-window rings
+// and KV sharing need no special case. Kernel arguments never hold positions (those are read from
+// device memory), so a decode step can be captured once and replayed.
+#include <mma.h>
+
+#include <cassert>
+#include <mutex>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kMaxSeqs = 64;  // sequences per launch; larger batches are split
+
+struct SeqDesc {
+  int64_t row_begin;
+  int64_t n_rows;
+  bf16* k;
+  bf16* v;
+  int32_t* slot_pos;
+  int64_t capacity;
+  int tile_begin;
+};
+
+struct SeqTable {
+  int n;
+  SeqDesc seq[kMaxSeqs];
+};
+
+__device__ __forceinline__ int find_seq(const SeqTable& t, int64_t row) {
+  int s = 0;
+  while (s + 1 < t.n && t.seq[s + 1].row_begin <= row) ++s;
+  return s;
+}
+
+template <typename T>
+__global__ void rope_kernel(Rows<T> x, const int32_t* positions, const float* inv_freq, int heads, int n_pairs,
+                            int offset, int64_t rows) {
+  const int64_t r = blockIdx.x;
+  if (r >= rows) return;
+  const float pos = float(positions[r / heads]);
+  T* p = x.row(r);
+  for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+    float s, c;
+    sincosf(pos * inv_freq[i], &s, &c);  // the angle in f32, as the reference forms it
+    const float a = to_float(p[i]), b = to_float(p[i + offset]);
+    p[i] = from_float<T>(a * c - b * s);
+    p[i + offset] = from_float<T>(b * c + a * s);
+  }
+}
+
+__global__ void kv_write_kernel(SeqTable table, const bf16* k, const bf16* v, const int32_t* positions,
+                                int64_t row_elems) {
+  const int64_t row = blockIdx.x;
+  const SeqDesc& s = table.seq[find_seq(table, row)];
+  if (row < s.row_begin || row >= s.row_begin + s.n_rows) return;
+  const int64_t pos = positions[row];
+  const int64_t slot = pos % s.capacity;
+  const uint4* ks = reinterpret_cast<const uint4*>(k + row * row_elems);
+  const uint4* vs = reinterpret_cast<const uint4*>(v + row * row_elems);
+  uint4* kd = reinterpret_cast<uint4*>(s.k + slot * row_elems);
+  uint4* vd = reinterpret_cast<uint4*>(s.v + slot * row_elems);
+  for (int64_t i = threadIdx.x; i < row_elems / 8; i += blockDim.x) {
+    kd[i] = ks[i];
+    vd[i] = vs[i];
+  }
+  if (threadIdx.x == 0) s.slot_pos[slot] = int32_t(pos);
+}
+
+struct AttnParams {
+  const bf16* q;
+  bf16* out;
+  const int32_t* positions;
+  int n_heads, n_kv_heads, group, head_dim;
+  int tokens_per_tile;
+  float scale;
+  int64_t window;
+  int total_tiles;
+  SeqTable seqs;
+};
+
+// Shared-memory layout of one attention block, in bytes; each region starts 128-byte aligned.
+template <int D, int BQ, int BK>
+struct AttnSmem {
+  static constexpr int ldq = D + 8, ldk = D + 8, ldv = D + 8, lds = BK + 4, ldp = BK + 8, ldo = D + 4;
+  static constexpr size_t align(size_t x) { return (x + 127) / 128 * 128; }
+  static constexpr size_t q = 0;
+  static constexpr size_t k = align(q + size_t(BQ) * ldq * 2);
+  static constexpr size_t v = align(k + size_t(BK) * ldk * 2);
+  static constexpr size_t s = align(v + size_t(BK) * ldv * 2);
+  static constexpr size_t p = align(s + size_t(BQ) * lds * 4);
+  static constexpr size_t o = align(p + size_t(BQ) * ldp * 2);
+  static constexpr size_t m = align(o + size_t(BQ) * ldo * 4);
+  static constexpr size_t l = align(m + size_t(BQ) * 4);
+  static constexpr size_t alpha = align(l + size_t(BQ) * 4);
+  static constexpr size_t qpos = align(alpha + size_t(BQ) * 4);
+  static constexpr size_t kpos = align(qpos + size_t(BQ) * 4);
+  static constexpr size_t misc = align(kpos + size_t(BK) * 4);
+  static constexpr size_t bytes = align(misc + 16);
+};
+
+template <int D, int BQ, int BK>
+__global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
+  using namespace nvcuda;
+  using L = AttnSmem<D, BQ, BK>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem + L::q);
+  bf16* ks = reinterpret_cast<bf16*>(smem + L::k);
+  bf16* vs = reinterpret_cast<bf16*>(smem + L::v);
+  float* ss = reinterpret_cast<float*>(smem + L::s);
+  bf16* ps = reinterpret_cast<bf16*>(smem + L::p);
+  float* os = reinterpret_cast<float*>(smem + L::o);
+  float* ms = reinterpret_cast<float*>(smem + L::m);
+  float* ls = reinterpret_cast<float*>(smem + L::l);
+  float* alphas = reinterpret_cast<float*>(smem + L::alpha);
+  int* qpos = reinterpret_cast<int*>(smem + L::qpos);
+  int* kpos = reinterpret_cast<int*>(smem + L::kpos);
+  int64_t* n_slots_shared = reinterpret_cast<int64_t*>(smem + L::misc);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_threads = blockDim.x;
+  const int tile = blockIdx.x;
+  int si = 0;
+  while (si + 1 < p.seqs.n && p.seqs.seq[si + 1].tile_begin <= tile) ++si;
+  const SeqDesc& seq = p.seqs.seq[si];
+  const int local = tile - seq.tile_begin;
+  const int kvh = local % p.n_kv_heads;
+  const int64_t token0 = int64_t(local / p.n_kv_heads) * p.tokens_per_tile;
+  const int hd = p.head_dim;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per padded row
+
+  // query rows: (token, query head of this KV group)
+  for (int i = tid; i < BQ * kChunks; i += n_threads) {
+    const int r = i / kChunks, c8 = (i % kChunks) * 8;
+    const int tl = r / p.group;
+    const int64_t token = token0 + tl;
+    const bool valid = tl < p.tokens_per_tile && token < seq.n_rows && c8 < hd;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (valid) {
+      const int head = kvh * p.group + r % p.group;
+      value = *reinterpret_cast<const uint4*>(p.q + ((seq.row_begin + token) * p.n_heads + head) * hd + c8);
+    }
+    *reinterpret_cast<uint4*>(qs + r * L::ldq + c8) = value;
+  }
+  for (int r = tid; r < BQ; r += n_threads) {
+    const int tl = r / p.group;
+    const int64_t token = token0 + tl;
+    qpos[r] = (tl < p.tokens_per_tile && token < seq.n_rows) ? p.positions[seq.row_begin + token] : -1;
+    ms[r] = -INFINITY;
+    ls[r] = 0.0f;
+  }
+  for (int i = tid; i < BQ * L::ldo; i += n_threads) os[i] = 0.0f;
+  if (tid == 0) {
+    // keys beyond the newest query's position are still empty or in the future
+    const int64_t last = min(seq.n_rows, token0 + p.tokens_per_tile) - 1;
+    *n_slots_shared = min(seq.capacity, int64_t(p.positions[seq.row_begin + last]) + 1);
+  }
+  __syncthreads();
+  const int64_t n_slots = *n_slots_shared;
+
+  for (int64_t kt = 0; kt < n_slots; kt += BK) {
+    for (int i = tid; i < BK * kChunks; i += n_threads) {
+      const int j = i / kChunks, c8 = (i % kChunks) * 8;
+      const int64_t slot = kt + j;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (slot < n_slots && c8 < hd) {
+        const int64_t off = (slot * p.n_kv_heads + kvh) * hd + c8;
+        kv = *reinterpret_cast<const uint4*>(seq.k + off);
+        vv = *reinterpret_cast<const uint4*>(seq.v + off);
+      }
+      *reinterpret_cast<uint4*>(ks + j * L::ldk + c8) = kv;
+      *reinterpret_cast<uint4*>(vs + j * L::ldv + c8) = vv;
+    }
+    for (int j = tid; j < BK; j += n_threads) kpos[j] = kt + j < n_slots ? seq.slot_pos[kt + j] : -1;
+    __syncthreads();
+
+    // scores of this warp's 16 rows against the BK keys
+    const int r0 = warp * 16;
+    for (int n = 0; n < BK / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+        wmma::load_matrix_sync(a, qs + r0 * L::ldq + kk * 16, L::ldq);
+        wmma::load_matrix_sync(b, ks + (n * 16) * L::ldk + kk * 16, L::ldk);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(ss + r0 * L::lds + n * 16, acc, L::lds, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // online softmax: two lanes per row, half the columns each
+    {
+      const int r = r0 + lane / 2, half = lane % 2;
+      const int qp = qpos[r];
+      float row_max = -INFINITY;
+      for (int c = half * (BK / 2); c < (half + 1) * (BK / 2); ++c) {
+        const int kp = kpos[c];
+        const bool visible = kp >= 0 && kp <= qp && (p.window <= 0 || int64_t(qp) - kp < p.window);
+        const float s = visible ? ss[r * L::lds + c] * p.scale : -INFINITY;
+        ss[r * L::lds + c] = s;
+        row_max = fmaxf(row_max, s);
+      }
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      const float m_old = ms[r];
+      const float m_new = fmaxf(m_old, row_max);
+      float sum = 0.0f;
+      for (int c = half * (BK / 2); c < (half + 1) * (BK / 2); ++c) {
+        const float s = ss[r * L::lds + c];
+        const float e = (s == -INFINITY) ? 0.0f : __expf(s - m_new);
+        sum += e;
+        ps[r * L::ldp + c] = __float2bfloat16(e);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      __syncwarp();
+      if (half == 0) {
+        const float alpha =
+            (m_new == -INFINITY || m_old == -INFINITY) ? (m_old == -INFINITY ? 0.0f : 1.0f) : __expf(m_old - m_new);
+        ls[r] = ls[r] * alpha + sum;
+        ms[r] = m_new;
+        alphas[r] = alpha;
+      }
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * D; i += 32) {
+      const int r = r0 + i / D, c = i % D;
+      os[r * L::ldo + c] *= alphas[r];
+    }
+    __syncwarp();
+
+    // O += P · V
+    for (int n = 0; n < D / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, os + r0 * L::ldo + n * 16, L::ldo, wmma::mem_row_major);
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+        wmma::load_matrix_sync(a, ps + r0 * L::ldp + kk * 16, L::ldp);
+        wmma::load_matrix_sync(b, vs + (kk * 16) * L::ldv + n * 16, L::ldv);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(os + r0 * L::ldo + n * 16, acc, L::ldo, wmma::mem_row_major);
+    }
+    __syncthreads();
+  }
+
+  for (int i = tid; i < BQ * hd; i += n_threads) {
+    const int r = i / hd, c = i % hd;
+    const int tl = r / p.group;
+    const int64_t token = token0 + tl;
+    if (tl >= p.tokens_per_tile || token >= seq.n_rows) continue;
+    const int head = kvh * p.group + r % p.group;
+    const float l = ls[r];
+    p.out[((seq.row_begin + token) * p.n_heads + head) * hd + c] =
+        __float2bfloat16(l > 0.0f ? os[r * L::ldo + c] / l : 0.0f);
+  }
+}
+
+template <int D, int BQ, int BK>
+void launch_attention(const AttnParams& params, cudaStream_t stream) {
+  using L = AttnSmem<D, BQ, BK>;
+  static std::once_flag configured;
+  std::call_once(configured, [] {
+    cudaFuncSetAttribute(attention_kernel<D, BQ, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
+  });
+  attention_kernel<D, BQ, BK><<<params.total_tiles, BQ / 16 * 32, L::bytes, stream>>>(params);
+}
+
+size_t max_shared_memory() {
+  static size_t bytes = [] {
+    int device = 0, value = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    return size_t(value);
+  }();
+  return bytes;
+}
+
+// Tiles of 64 query rows where shared memory allows (Hopper), else 32.
+template <int D>
+void dispatch_tile(AttnParams params, cudaStream_t stream) {
+  if (D <= 256 && AttnSmem<D, 64, 64>::bytes <= max_shared_memory()) {
+    launch_attention<D, 64, 64>(params, stream);
+  } else {
+    launch_attention<D, 32, 32>(params, stream);
+  }
+}
+
+int rows_per_tile(int head_dim) {
+  const int padded = head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 512;
+  if (padded == 512) return 32;
+  return padded == 256 && AttnSmem<256, 64, 64>::bytes > max_shared_memory() ? 32 : 64;
+}
+
+}  // namespace
+
+void rope(const RopeArgs& args, cudaStream_t stream) {
+  const int64_t rows = args.x.rows(), tokens = args.positions.numel();
+  if (rows == 0 || args.inv_freq.numel() == 0) return;
+  const int heads = int(rows / tokens);
+  dispatch_float(args.x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<int(rows), 64, 0, stream>>>(rows_of<T>(args.x), args.positions.data_as<int32_t>(),
+                                                 args.inv_freq.data_as<float>(), heads, int(args.inv_freq.numel()),
+                                                 args.pair_offset, rows);
+  });
+}
+
+void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
+  assert(args.k.dtype() == DType::bf16 && args.k.contiguous() && args.v.contiguous());
+  const int64_t row_elems = args.caches.empty() ? 0 : args.caches[0].k.numel() / args.caches[0].capacity;
+  for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
+    SeqTable table{};
+    table.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
+    int64_t first = args.seqs[begin].row_begin, last = first;
+    for (int i = 0; i < table.n; ++i) {
+      const SeqRows& s = args.seqs[begin + size_t(i)];
+      const KvCacheView& c = args.caches[begin + size_t(i)];
+      table.seq[i] =
+          SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(), c.slot_pos.data_as<int32_t>(),
+                  c.capacity,  0};
+      last = s.row_begin + s.n_rows;
+    }
+    // rows outside the table's sequences return at once; launch over the span they cover
+    (void)first;
+    kv_write_kernel<<<int(last), 64, 0, stream>>>(table, args.k.data_as<bf16>(), args.v.data_as<bf16>(),
+                                                  args.positions.data_as<int32_t>(), row_elems);
+  }
+}
+
+void attention(const AttentionArgs& args, cudaStream_t stream) {
+  assert(args.q.dtype() == DType::bf16 && args.q.contiguous());
+  const int group = args.n_heads / args.n_kv_heads;
+  const int bq = rows_per_tile(args.head_dim);
+  AttnParams params{};
+  params.q = args.q.data_as<bf16>();
+  params.positions = args.positions.data_as<int32_t>();
+  params.out = args.out.data_as<bf16>();
+  params.n_heads = args.n_heads;
+  params.n_kv_heads = args.n_kv_heads;
+  params.group = group;
+  params.head_dim = args.head_dim;
+  params.tokens_per_tile = std::max(1, bq / group);
+  params.scale = args.scale;
+  params.window = args.window;
+  for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
+    params.seqs = SeqTable{};
+    params.seqs.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
+    int tiles = 0;
+    for (int i = 0; i < params.seqs.n; ++i) {
+      const SeqRows& s = args.seqs[begin + size_t(i)];
+      const KvCacheView& c = args.caches[begin + size_t(i)];
+      params.seqs.seq[i] =
+          SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(), c.slot_pos.data_as<int32_t>(),
+                  c.capacity,  tiles};
+      tiles += ceil_div(s.n_rows, params.tokens_per_tile) * args.n_kv_heads;
+    }
+    params.total_tiles = tiles;
+    if (tiles == 0) continue;
+    switch (args.head_dim <= 32    ? 32
+            : args.head_dim <= 64  ? 64
+            : args.head_dim <= 128 ? 128
+            : args.head_dim <= 256 ? 256
+                                   : 512) {
+      case 32:
+        dispatch_tile<32>(params, stream);
+        break;
+      case 64:
+        dispatch_tile<64>(params, stream);
+        break;
+      case 128:
+        dispatch_tile<128>(params, stream);
+        break;
+      case 256:
+        dispatch_tile<256>(params, stream);
+        break;
+      default:
+        dispatch_tile<512>(params, stream);
+        break;
+    }
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,296 @@
+// CUDA backend: device memory (stream-ordered pool), cuBLAS matrix products, and the dispatch of
+// every op to its kernels.
+#include <cublas_v2.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_ops.cuh"
+
+namespace kiln {
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+bool is_float(DType t) {
+  return t == DType::f32 || t == DType::bf16 || t == DType::f16;
+}
+
+// Host-side conversion of one float dtype into another (weights are converted once, on load).
+void convert_host(const Tensor& src, DType dst_type, void* dst) {
+  const int64_t rows = src.rows(), cols = src.cols();
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* in = static_cast<const char*>(src.data()) + size_t(r * src.row_stride()) * dtype_size(src.dtype());
+    char* out = static_cast<char*>(dst) + size_t(r * cols) * dtype_size(dst_type);
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = 0;
+      switch (src.dtype()) {
+        case DType::f32:
+          std::memcpy(&v, in + c * 4, 4);
+          break;
+        case DType::bf16:
+          v = bf16_to_f32(reinterpret_cast<const uint16_t*>(in)[c]);
+          break;
+        case DType::f16:
+          v = f16_to_f32(reinterpret_cast<const uint16_t*>(in)[c]);
+          break;
+        default:
+          break;
+      }
+      switch (dst_type) {
+        case DType::f32:
+          std::memcpy(out + c * 4, &v, 4);
+          break;
+        case DType::bf16:
+          reinterpret_cast<uint16_t*>(out)[c] = f32_to_bf16(v);
+          break;
+        case DType::f16:
+          reinterpret_cast<uint16_t*>(out)[c] = f32_to_f16(v);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  ~CudaBackend() override {
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+  }
+
+  Status init() {
+    if (cudaSetDevice(device_) != cudaSuccess) return make_error("cannot select CUDA device {}", device_);
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, device_);
+    name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_, prop.name, prop.major, prop.minor);
+    if (prop.major < 8) return make_error("{}: kiln's CUDA kernels need compute capability 8.0 or newer", name_);
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
+      return make_error("cannot create a CUDA stream");
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return make_error("cannot initialise cuBLAS");
+    cublasSetStream(cublas_, stream_);
+    cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
+    cudaDeviceGetDefaultMemPool(&pool_, device_);
+    uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next forward
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
+    return ok_status();
+  }
+
+  Device device() const override { return Device::cuda; }
+  std::string name() const override { return name_; }
+  DType activation_dtype() const override { return DType::bf16; }
+  DType matrix_dtype() const override { return DType::bf16; }
+  Status status() const override {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return first_error_.empty() ? ok_status() : Status(Error{first_error_});
+  }
+
+  Tensor alloc(DType dtype, Shape shape) override {
+    const size_t bytes = std::max<size_t>(size_t(shape.numel()) * dtype_size(dtype), 1);
+    void* p = nullptr;
+    cudaError_t err = cudaMallocAsync(&p, (bytes + 255) / 256 * 256, stream_);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error(fmt::format("CUDA out of memory allocating {} bytes on {}", bytes, name_));
+    }
+    cudaStream_t stream = stream_;
+    std::shared_ptr<void> owner(p, [stream](void* q) { cudaFreeAsync(q, stream); });
+    return Tensor(dtype, shape, p, owner, Device::cuda);
+  }
+
+  Tensor upload(const Tensor& host, DType dtype) override {
+    if (host.device() == Device::cuda) return host;
+    const DType target = is_float(host.dtype()) ? dtype : host.dtype();
+    Tensor out = alloc(target, host.shape());
+    if (target == host.dtype() && host.contiguous()) {
+      check(cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_), "upload");
+    } else {
+      std::vector<char> staged(size_t(host.numel()) * dtype_size(target));
+      convert_host(host, target, staged.data());
+      check(cudaMemcpyAsync(out.data(), staged.data(), staged.size(), cudaMemcpyHostToDevice, stream_), "upload");
+      check(cudaStreamSynchronize(stream_), "upload");  // `staged` dies here
+    }
+    return out;
+  }
+
+  Tensor to_host(const Tensor& t) override {
+    Tensor contiguous = t;
+    if (!t.contiguous()) {
+      contiguous = alloc(t.dtype(), Shape{t.rows(), t.cols()});
+      copy(t, contiguous);
+    }
+    Tensor raw = host_tensor(t.dtype(), t.shape());
+    check(cudaMemcpyAsync(raw.data(), contiguous.data(), raw.nbytes(), cudaMemcpyDeviceToHost, stream_), "to_host");
+    check(cudaStreamSynchronize(stream_), "to_host");
+    if (!is_float(t.dtype()) || t.dtype() == DType::f32) return raw;
+    Tensor out = host_tensor(DType::f32, t.shape());
+    convert_host(raw, DType::f32, out.data());
+    return out;
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    const size_t esize = dtype_size(src.dtype());
+    check(cudaMemcpy2DAsync(dst.data(), size_t(dst.row_stride()) * esize, src.data(), size_t(src.row_stride()) * esize,
+                            size_t(src.cols()) * esize, size_t(src.rows()), cudaMemcpyDefault, stream_),
+          "copy");
+  }
+  void fill(Tensor& t, float value) override {
+    cuda::fill(t, value, stream_);
+    after_launch("fill");
+  }
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
+
+  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+    const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
+    if (m == 0) return;
+    Tensor input = x;
+    if (x.dtype() != w.dtype()) {  // cuBLAS wants both operands in one type
+      input = alloc(w.dtype(), Shape{m, k});
+      cuda::convert(x, input, stream_);
+    }
+    const int64_t ldc = out.cols() == n ? out.row_stride() : n;
+    const float alpha = 1.0f, beta = 0.0f;
+    // row-major out[m,n] = x[m,k] · w[n,k]ᵀ is column-major outᵀ[n,m] = w(ᵀ of [k,n]) · xᵀ
+    cublasStatus_t st =
+        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, w.data(), cuda_type(w.dtype()),
+                     int(k), input.data(), cuda_type(input.dtype()), int(input.row_stride()), &beta, out.data(),
+                     cuda_type(out.dtype()), int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) record(fmt::format("cublasGemmEx failed ({}) for {}x{}x{}", int(st), m, n, k));
+  }
+  void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {
+    cuda::embed(ids, table, scale, out, stream_);
+    after_launch("embed");
+  }
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) override {
+    cuda::rms_norm(x, weight, eps, weight_offset, out, stream_);
+    after_launch("rms_norm");
+  }
+  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override {
+    cuda::rms_norm_gated(x, z, weight, eps, out, stream_);
+    after_launch("rms_norm_gated");
+  }
+  void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) override {
+    cuda::add(a, b, scale, out, stream_);
+    after_launch("add");
+  }
+  void scale(const Tensor& x, float s, Tensor& out) override {
+    cuda::scale(x, s, out, stream_);
+    after_launch("scale");
+  }
+  void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override {
+    cuda::glu(gate, up, act, out, stream_);
+    after_launch("glu");
+  }
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) override {
+    cuda::sigmoid_mul(x, gate, out, stream_);
+    after_launch("sigmoid_mul");
+  }
+  void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) override {
+    cuda::add_sigmoid_gated(acc, x, gate, stream_);
+    after_launch("add_sigmoid_gated");
+  }
+  void softcap(Tensor& x, float cap) override {
+    cuda::softcap(x, cap, stream_);
+    after_launch("softcap");
+  }
+  void argmax(const Tensor& x, Tensor& out) override {
+    cuda::argmax(x, out, stream_);
+    after_launch("argmax");
+  }
+
+  void rope(const RopeArgs& args) override {
+    cuda::rope(args, stream_);
+    after_launch("rope");
+  }
+  void kv_write(const KvWriteArgs& args) override {
+    cuda::kv_write(args, stream_);
+    after_launch("kv_write");
+  }
+  void attention(const AttentionArgs& args) override {
+    cuda::attention(args, stream_);
+    after_launch("attention");
+  }
+  void causal_conv1d(const CausalConvArgs& args) override {
+    cuda::causal_conv1d(args, stream_);
+    after_launch("causal_conv1d");
+  }
+  void gated_delta(const GatedDeltaArgs& args) override {
+    cuda::gated_delta(args, stream_);
+    after_launch("gated_delta");
+  }
+  void moe_route(const MoeRouteArgs& args) override {
+    cuda::moe_route(args, stream_);
+    after_launch("moe_route");
+  }
+  void moe_experts(const MoeExpertsArgs& args) override {
+    cuda::moe_experts(
+        args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
+    after_launch("moe_experts");
+  }
+
+ private:
+  void record(const std::string& message) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (first_error_.empty()) first_error_ = message;
+  }
+  void check(cudaError_t err, const char* what) {
+    if (err != cudaSuccess) record(fmt::format("{}: {}", what, cudaGetErrorString(err)));
+  }
+  // Kernel launches report configuration errors through cudaGetLastError.
+  void after_launch(const char* what) { check(cudaGetLastError(), what); }
+
+  int device_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  mutable std::mutex error_mutex_;
+  std::string first_error_;
+};
+
+}  // namespace
+
+bool cuda_device_present() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+Result<CudaDeviceInfo> cuda_device_info(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return make_error("no CUDA device {}", device);
+  return CudaDeviceInfo{.name = prop.name,
+                        .compute_capability = prop.major * 10 + prop.minor,
+                        .total_memory = prop.totalGlobalMem,
+                        .multiprocessors = prop.multiProcessorCount};
+}
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+  if (!cuda_device_present()) return make_error("no CUDA device is present");
+  auto backend = std::make_unique<CudaBackend>(device);
+  KILN_TRY(backend->init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace kiln

@@ -1,0 +1,109 @@
+// Shared pieces of the CUDA kernels: types, dtype dispatch, launch checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace kiln::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(bf16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  return __float2bfloat16(x);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half(x);
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+// Row-strided 2-D view handed to kernels by value.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t stride;  // elements between consecutive rows
+  __device__ __forceinline__ T* row(int64_t r) const { return data + r * stride; }
+};
+
+template <typename T>
+Rows<T> rows_of(const Tensor& t) {
+  return Rows<T>{static_cast<T*>(t.data()), t.row_stride()};
+}
+
+// Calls f(T{}) with T the C++ type of a float dtype.
+template <typename F>
+void dispatch_float(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::bf16:
+      f(bf16{});
+      break;
+    case DType::f16:
+      f(__half{});
+      break;
+    default:
+      break;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) total += partial[w];
+  return total;
+}
+
+inline int ceil_div(int64_t a, int64_t b) {
+  return int((a + b - 1) / b);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,273 @@
+// CUDA backend: elementwise and row-wise ops (norms, activations, embedding, argmax).
+// Row-wise ops use one warp per row: rows are short (head dims) or few (tokens), and the work is
+// memory-bound either way.
+#include <cassert>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+template <typename T>
+__global__ void fill_kernel(Rows<T> t, int64_t rows, int64_t cols, float value) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  t.row(i / cols)[i % cols] = from_float<T>(value);
+}
+
+__global__ void fill_i32_kernel(Rows<int32_t> t, int64_t rows, int64_t cols, int32_t value) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  t.row(i / cols)[i % cols] = value;
+}
+
+template <typename S, typename D>
+__global__ void convert_kernel(Rows<const S> src, Rows<D> dst, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  dst.row(i / cols)[i % cols] = from_float<D>(to_float(src.row(i / cols)[i % cols]));
+}
+
+template <typename W, typename O>
+__global__ void embed_kernel(const int32_t* ids, Rows<const W> table, int64_t vocab, Rows<O> out, int64_t n,
+                             int64_t cols, float scale) {
+  const int64_t r = blockIdx.x;
+  if (r >= n) return;
+  int64_t id = ids[r];
+  id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);  // ids are validated on the host; never read out of range
+  const W* src = table.row(id);
+  O* dst = out.row(r);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = from_float<O>(to_float(src[c]) * scale);
+}
+
+// out = x / rms(x) · (w + offset)  [· silu(z) when gated]
+template <typename T, bool kGated>
+__global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* weight, Rows<T> out, int64_t rows,
+                                int64_t cols, float eps, float offset) {
+  const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const T* in = x.row(r);
+  float sum = 0;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float v = to_float(in[c]);
+    sum += v * v;
+  }
+  sum = warp_sum(sum);
+  const float inv = rsqrtf(sum / float(cols) + eps);
+  T* o = out.row(r);
+  for (int64_t c = lane; c < cols; c += 32) {
+    float v = to_float(in[c]) * inv;
+    if (weight) v *= weight[c] + offset;
+    if constexpr (kGated) v *= silu(to_float(z.row(r)[c]));
+    o[c] = from_float<T>(v);
+  }
+}
+
+enum class Binary { add, glu_silu, glu_gelu, sigmoid_mul };
+
+template <typename T, Binary kOp>
+__global__ void binary_kernel(Rows<const T> a, Rows<const T> b, Rows<T> out, int64_t rows, int64_t cols, float scale) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  const float x = to_float(a.row(r)[c]), y = to_float(b.row(r)[c]);
+  float v;
+  if constexpr (kOp == Binary::add) v = (x + y) * scale;
+  if constexpr (kOp == Binary::glu_silu) v = silu(x) * y;
+  if constexpr (kOp == Binary::glu_gelu) v = gelu_tanh(x) * y;
+  if constexpr (kOp == Binary::sigmoid_mul) v = x * sigmoid(y);
+  out.row(r)[c] = from_float<T>(v);
+}
+
+template <typename T>
+__global__ void scale_kernel(Rows<const T> x, Rows<T> out, int64_t rows, int64_t cols, float s) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  out.row(i / cols)[i % cols] = from_float<T>(to_float(x.row(i / cols)[i % cols]) * s);
+}
+
+template <typename T>
+__global__ void softcap_kernel(Rows<T> x, int64_t rows, int64_t cols, float cap) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  T* p = x.row(i / cols) + i % cols;
+  *p = from_float<T>(cap * tanhf(to_float(*p) / cap));
+}
+
+template <typename T, typename G>
+__global__ void add_sigmoid_gated_kernel(Rows<T> acc, Rows<const T> x, Rows<const G> gate, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  const float s = sigmoid(to_float(gate.row(r)[0]));
+  acc.row(r)[c] = from_float<T>(to_float(acc.row(r)[c]) + s * to_float(x.row(r)[c]));
+}
+
+// First index of the largest value of each row (ties go to the lower index, as on the CPU).
+template <typename T>
+__global__ void argmax_kernel(Rows<const T> x, int32_t* out, int64_t cols) {
+  const T* p = x.row(blockIdx.x);
+  float best = -INFINITY;
+  int64_t best_i = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = to_float(p[c]);
+    if (v > best) best = v, best_i = c;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (ov > best || (ov == best && oi < best_i)) best = ov, best_i = oi;
+  }
+  __shared__ float values[32];
+  __shared__ int64_t indices[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) values[warp] = best, indices[warp] = best_i;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / 32); ++w)
+      if (values[w] > best || (values[w] == best && indices[w] < best_i)) best = values[w], best_i = indices[w];
+    out[blockIdx.x] = int32_t(best_i);
+  }
+}
+
+int grid_for(int64_t n, int block = 256) {
+  return ceil_div(n, block);
+}
+
+}  // namespace
+
+void fill(Tensor& t, float value, cudaStream_t stream) {
+  const int64_t n = t.rows() * t.cols();
+  if (n == 0) return;
+  if (t.dtype() == DType::i32) {
+    fill_i32_kernel<<<grid_for(n), 256, 0, stream>>>(rows_of<int32_t>(t), t.rows(), t.cols(), int32_t(value));
+    return;
+  }
+  dispatch_float(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    fill_kernel<T><<<grid_for(n), 256, 0, stream>>>(rows_of<T>(t), t.rows(), t.cols(), value);
+  });
+}
+
+void convert(const Tensor& src, Tensor& dst, cudaStream_t stream) {
+  const int64_t n = src.rows() * src.cols();
+  if (n == 0) return;
+  dispatch_float(src.dtype(), [&](auto s_tag) {
+    using S = decltype(s_tag);
+    dispatch_float(dst.dtype(), [&](auto d_tag) {
+      using D = decltype(d_tag);
+      convert_kernel<S, D>
+          <<<grid_for(n), 256, 0, stream>>>(rows_of<const S>(src), rows_of<D>(dst), src.rows(), src.cols());
+    });
+  });
+}
+
+void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream) {
+  const int64_t n = ids.numel();
+  if (n == 0) return;
+  dispatch_float(table.dtype(), [&](auto w_tag) {
+    using W = decltype(w_tag);
+    dispatch_float(out.dtype(), [&](auto o_tag) {
+      using O = decltype(o_tag);
+      embed_kernel<W, O><<<int(n), 256, 0, stream>>>(ids.data_as<int32_t>(), rows_of<const W>(table), table.dim(0),
+                                                     rows_of<O>(out), n, table.cols(), scale);
+    });
+  });
+}
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out, cudaStream_t stream) {
+  assert(!weight.defined() || weight.dtype() == DType::f32);
+  const int64_t rows = x.rows();
+  if (rows == 0) return;
+  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T, false><<<ceil_div(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
+        rows_of<const T>(x), Rows<const T>{nullptr, 0}, w, rows_of<T>(out), rows, x.cols(), eps, weight_offset);
+  });
+}
+
+void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out,
+                    cudaStream_t stream) {
+  const int64_t rows = x.rows();
+  if (rows == 0) return;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T, true><<<ceil_div(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
+        rows_of<const T>(x), rows_of<const T>(z), weight.data_as<float>(), rows_of<T>(out), rows, x.cols(), eps, 0.0f);
+  });
+}
+
+namespace {
+template <Binary kOp>
+void binary(const Tensor& a, const Tensor& b, Tensor& out, float scale, cudaStream_t stream) {
+  const int64_t n = a.rows() * a.cols();
+  if (n == 0) return;
+  dispatch_float(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    binary_kernel<T, kOp><<<grid_for(n), 256, 0, stream>>>(rows_of<const T>(a), rows_of<const T>(b), rows_of<T>(out),
+                                                           a.rows(), a.cols(), scale);
+  });
+}
+}  // namespace
+
+void add(const Tensor& a, const Tensor& b, float scale, Tensor& out, cudaStream_t stream) {
+  binary<Binary::add>(a, b, out, scale, stream);
+}
+
+void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out, cudaStream_t stream) {
+  if (act == Activation::silu)
+    binary<Binary::glu_silu>(gate, up, out, 1.0f, stream);
+  else
+    binary<Binary::glu_gelu>(gate, up, out, 1.0f, stream);
+}
+
+void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out, cudaStream_t stream) {
+  binary<Binary::sigmoid_mul>(x, gate, out, 1.0f, stream);
+}
+
+void scale(const Tensor& x, float s, Tensor& out, cudaStream_t stream) {
+  const int64_t n = x.rows() * x.cols();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<grid_for(n), 256, 0, stream>>>(rows_of<const T>(x), rows_of<T>(out), x.rows(), x.cols(), s);
+  });
+}
+
+void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate, cudaStream_t stream) {
+  const int64_t n = x.rows() * x.cols();
+  if (n == 0) return;
+  dispatch_float(acc.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_float(gate.dtype(), [&](auto g_tag) {
+      using G = decltype(g_tag);
+      add_sigmoid_gated_kernel<T, G><<<grid_for(n), 256, 0, stream>>>(rows_of<T>(acc), rows_of<const T>(x),
+                                                                      rows_of<const G>(gate), x.rows(), x.cols());
+    });
+  });
+}
+
+void softcap(Tensor& x, float cap, cudaStream_t stream) {
+  const int64_t n = x.rows() * x.cols();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softcap_kernel<T><<<grid_for(n), 256, 0, stream>>>(rows_of<T>(x), x.rows(), x.cols(), cap);
+  });
+}
+
+void argmax(const Tensor& x, Tensor& out, cudaStream_t stream) {
+  if (x.rows() == 0) return;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    argmax_kernel<T><<<int(x.rows()), 256, 0, stream>>>(rows_of<const T>(x), out.data_as<int32_t>(), x.cols());
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,172 @@
+// CUDA backend: mixture-of-experts routing and the routed expert feed-forwards.
+//
+// The experts run per (token, slot) pair as matrix-vector products that read each chosen expert's
+// rows straight from its stacked weights: at decode batch sizes that reads every routed expert
+// once, which is what bounds the step; routing never leaves the GPU.
+#include <cassert>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kMaxExpertsPerLane = 16;  // up to 512 experts
+constexpr int kMaxTopK = 32;
+
+template <typename T>
+__global__ void route_kernel(Rows<const T> logits, int n_experts, int top_k, bool renormalize, const float* scale,
+                             int32_t* ids, float* weights) {
+  const int t = blockIdx.x, lane = threadIdx.x;
+  const T* row = logits.row(t);
+  float p[kMaxExpertsPerLane];
+  float mx = -INFINITY;
+  for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+    const int e = lane + 32 * i;
+    p[i] = e < n_experts ? to_float(row[e]) : -INFINITY;
+    mx = fmaxf(mx, p[i]);
+  }
+  mx = warp_max(mx);
+  float sum = 0;
+  for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+    p[i] = lane + 32 * i < n_experts ? expf(p[i] - mx) : 0.0f;
+    sum += p[i];
+  }
+  sum = warp_sum(sum);
+  float chosen[kMaxTopK];
+  int chosen_id[kMaxTopK];
+  float total = 0;
+  for (int k = 0; k < top_k; ++k) {
+    // largest remaining probability; the lower expert index wins a tie
+    float best = -1.0f;
+    int best_e = n_experts;
+    for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < n_experts && (p[i] > best || (p[i] == best && e < best_e))) best = p[i], best_e = e;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
+    }
+    if (best_e % 32 == lane) p[best_e / 32] = -2.0f;  // taken
+    chosen[k] = best / sum;
+    chosen_id[k] = best_e;
+    total += chosen[k];
+  }
+  if (lane == 0) {
+    for (int k = 0; k < top_k; ++k) {
+      float w = renormalize ? chosen[k] / total : chosen[k];
+      if (scale) w *= scale[chosen_id[k]];
+      ids[t * top_k + k] = chosen_id[k];
+      weights[t * top_k + k] = w;
+    }
+  }
+}
+
+__device__ __forceinline__ float dot_bf16(const bf16* w, const float* x, int64_t n, int lane) {
+  float acc = 0;
+  if (n % 8 == 0) {
+    for (int64_t i = lane * 8; i < n; i += 32 * 8) {
+      const uint4 packed = *reinterpret_cast<const uint4*>(w + i);
+      const bf16* v = reinterpret_cast<const bf16*>(&packed);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc += __bfloat162float(v[j]) * x[i + j];
+    }
+  } else {
+    for (int64_t i = lane; i < n; i += 32) acc += __bfloat162float(w[i]) * x[i];
+  }
+  return warp_sum(acc);
+}
+
+// act[pair, i] = act(gate_e[i] · x_t) · (up_e[i] · x_t); a warp per output row
+template <typename T>
+__global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, const bf16* gate, const bf16* up, float* act,
+                                 int64_t hidden, int64_t inter, int top_k, bool gelu) {
+  extern __shared__ float xs[];
+  const int64_t pair = blockIdx.x;
+  const int64_t t = pair / top_k;
+  const int64_t e = ids[pair];
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) xs[c] = to_float(x.row(t)[c]);
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.y) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (i >= inter) return;
+  const int64_t offset = (e * inter + i) * hidden;
+  const float g = dot_bf16(gate + offset, xs, hidden, lane);
+  const float u = dot_bf16(up + offset, xs, hidden, lane);
+  if (lane == 0) act[pair * inter + i] = (gelu ? gelu_tanh(g) : silu(g)) * u;
+}
+
+// y[pair, c] = down_e[c] · act[pair]
+__global__ void expert_down_kernel(const float* act, const int32_t* ids, const bf16* down, float* y, int64_t hidden,
+                                   int64_t inter) {
+  extern __shared__ float as[];
+  const int64_t pair = blockIdx.x;
+  const int64_t e = ids[pair];
+  for (int64_t i = threadIdx.x; i < inter; i += blockDim.x) as[i] = act[pair * inter + i];
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t c = int64_t(blockIdx.y) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (c >= hidden) return;
+  const float d = dot_bf16(down + (e * hidden + c) * inter, as, inter, lane);
+  if (lane == 0) y[pair * hidden + c] = d;
+}
+
+template <typename T>
+__global__ void expert_combine_kernel(const float* y, const float* weights, Rows<T> out, int64_t tokens, int64_t hidden,
+                                      int top_k) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * hidden) return;
+  const int64_t t = i / hidden, c = i % hidden;
+  float acc = 0;
+  for (int k = 0; k < top_k; ++k) acc += weights[t * top_k + k] * y[(t * top_k + k) * hidden + c];
+  out.row(t)[c] = from_float<T>(acc);
+}
+
+}  // namespace
+
+void moe_route(const MoeRouteArgs& args, cudaStream_t stream) {
+  const int64_t tokens = args.logits.rows();
+  const int n_experts = int(args.logits.cols());
+  assert(n_experts <= 32 * kMaxExpertsPerLane && args.top_k <= kMaxTopK);
+  if (tokens == 0) return;
+  const float* scale = args.expert_scale.defined() ? args.expert_scale.data_as<float>() : nullptr;
+  dispatch_float(args.logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    route_kernel<T><<<int(tokens), 32, 0, stream>>>(rows_of<const T>(args.logits), n_experts, args.top_k,
+                                                    args.renormalize, scale, args.ids.data_as<int32_t>(),
+                                                    args.weights.data_as<float>());
+  });
+}
+
+void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream) {
+  const int64_t tokens = args.x.rows(), hidden = args.x.cols();
+  const int64_t inter = args.gate.dim(1);
+  const int top_k = int(args.ids.cols());
+  const int64_t pairs = tokens * top_k;
+  if (pairs == 0) return;
+  assert(args.gate.dtype() == DType::bf16);
+  Tensor act = allocate(DType::f32, Shape{pairs, inter});
+  Tensor y = allocate(DType::f32, Shape{pairs, hidden});
+  constexpr int kWarps = 8;
+  const bool gelu = args.act == Activation::gelu_tanh;
+  dispatch_float(args.x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    expert_up_kernel<T>
+        <<<dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32, size_t(hidden) * sizeof(float),
+           stream>>>(rows_of<const T>(args.x), args.ids.data_as<int32_t>(), args.gate.data_as<bf16>(),
+                     args.up.data_as<bf16>(), act.data_as<float>(), hidden, inter, top_k, gelu);
+  });
+  expert_down_kernel<<<dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
+                       size_t(inter) * sizeof(float), stream>>>(
+      act.data_as<float>(), args.ids.data_as<int32_t>(), args.down.data_as<bf16>(), y.data_as<float>(), hidden, inter);
+  dispatch_float(args.out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    expert_combine_kernel<T><<<ceil_div(tokens * hidden, 256), 256, 0, stream>>>(
+        y.data_as<float>(), args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,42 @@
+// Kernel entry points of the CUDA backend, one per op; each .cu file implements one concern.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+
+#include "ops/op_args.h"
+
+namespace kiln::cuda {
+
+using Allocate = std::function<Tensor(DType, Shape)>;
+
+// cuda_elementwise.cu
+void fill(Tensor& t, float value, cudaStream_t stream);
+void convert(const Tensor& src, Tensor& dst, cudaStream_t stream);  // any float dtype to any float dtype
+void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out, cudaStream_t stream);
+void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out,
+                    cudaStream_t stream);
+void add(const Tensor& a, const Tensor& b, float scale, Tensor& out, cudaStream_t stream);
+void scale(const Tensor& x, float s, Tensor& out, cudaStream_t stream);
+void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out, cudaStream_t stream);
+void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out, cudaStream_t stream);
+void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate, cudaStream_t stream);
+void softcap(Tensor& x, float cap, cudaStream_t stream);
+void argmax(const Tensor& x, Tensor& out, cudaStream_t stream);
+
+// cuda_attention.cu
+void rope(const RopeArgs& args, cudaStream_t stream);
+void kv_write(const KvWriteArgs& args, cudaStream_t stream);
+void attention(const AttentionArgs& args, cudaStream_t stream);
+
+// cuda_recurrent.cu
+void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream);
+void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream);
+
+// cuda_moe.cu
+void moe_route(const MoeRouteArgs& args, cudaStream_t stream);
+void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
+
+}  // namespace kiln::cuda

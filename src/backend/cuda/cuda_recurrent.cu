@@ -1,0 +1,346 @@
+// CUDA backend: the causal conv1d and the gated delta rule of Gated DeltaNet.
+//
+// Decode uses the recurrent form: one block per (sequence, value head), the f32 state split over
+// the block's registers, column j of the state owned by the threads with that column.
+// Prefill uses the chunked form of the reference (chunks of 64): per chunk the delta-rule updates
+// are solved as a unit-lower-triangular system in shared memory and the state advances once.
+#include <cassert>
+#include <mutex>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kMaxSeqs = 64;
+
+struct StateSeq {
+  int64_t row_begin;
+  int64_t n_rows;
+  void* state;  // conv: [kernel - 1, channels] activation dtype; delta rule: [Hv, Dk, Dv] f32
+};
+
+struct StateTable {
+  int n;
+  StateSeq seq[kMaxSeqs];
+};
+
+template <typename T>
+__global__ void causal_conv_kernel(StateTable table, Rows<const T> x, const float* weight, Rows<T> out,
+                                   int64_t channels, int kernel, bool apply_silu) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const StateSeq& s = table.seq[blockIdx.y];
+  T* state = static_cast<T*>(s.state);
+  float history[7];  // the last kernel-1 inputs, oldest first (kernels up to 8)
+  for (int i = 0; i < kernel - 1; ++i) history[i] = to_float(state[i * channels + c]);
+  const float* w = weight + c * kernel;
+  for (int64_t t = 0; t < s.n_rows; ++t) {
+    const float xt = to_float(x.row(s.row_begin + t)[c]);
+    float acc = w[kernel - 1] * xt;
+    for (int i = 0; i < kernel - 1; ++i) acc += w[i] * history[i];
+    for (int i = 0; i + 1 < kernel - 1; ++i) history[i] = history[i + 1];
+    if (kernel > 1) history[kernel - 2] = xt;
+    out.row(s.row_begin + t)[c] = from_float<T>(apply_silu ? silu(acc) : acc);
+  }
+  for (int i = 0; i < kernel - 1; ++i) state[i * channels + c] = from_float<T>(history[i]);
+}
+
+struct DeltaParams {
+  const bf16* qkv;
+  int64_t qkv_stride;
+  const bf16* a;
+  const bf16* b;
+  int64_t ab_stride;
+  const float* a_log;
+  const float* dt_bias;
+  bf16* out;
+  int64_t out_stride;
+  int hk, hv, dk, dv;
+  StateTable seqs;
+};
+
+__device__ __forceinline__ float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
+// Loads token t's q and k of key head kh into shared memory, l2-normalised (q also scaled by
+// dk^-1/2), with beta and the log-decay g; warp 0 does the normalisation.
+__device__ void load_token(const DeltaParams& p, int64_t row, int h, float* q, float* k, float* beta_g) {
+  const int kh = h / (p.hv / p.hk);
+  const bf16* r = p.qkv + row * p.qkv_stride;
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x < 32) {
+    float qn = 0, kn = 0;
+    for (int d = lane; d < p.dk; d += 32) {
+      const float qv = to_float(r[kh * p.dk + d]), kv = to_float(r[p.hk * p.dk + kh * p.dk + d]);
+      q[d] = qv;
+      k[d] = kv;
+      qn += qv * qv;
+      kn += kv * kv;
+    }
+    qn = warp_sum(qn);
+    kn = warp_sum(kn);
+    const float qs = rsqrtf(qn + 1e-6f) * rsqrtf(float(p.dk)), ks = rsqrtf(kn + 1e-6f);
+    for (int d = lane; d < p.dk; d += 32) {
+      q[d] *= qs;
+      k[d] *= ks;
+    }
+    if (lane == 0) {
+      beta_g[0] = sigmoid(to_float(p.b[row * p.ab_stride + h]));
+      beta_g[1] = -expf(p.a_log[h]) * softplus(to_float(p.a[row * p.ab_stride + h]) + p.dt_bias[h]);
+    }
+  }
+}
+
+constexpr int kMaxRowsPerThread = 32;
+
+// blockDim = dv · splits; thread (j, part) keeps rows [part·rows, (part+1)·rows) of column j.
+__global__ void delta_recurrent_kernel(DeltaParams p, int splits) {
+  extern __shared__ float shared[];
+  float* q = shared;            // [dk]
+  float* k = q + p.dk;          // [dk]
+  float* beta_g = k + p.dk;     // [2]
+  float* partial = beta_g + 2;  // [splits, dv]
+  const StateSeq& seq = p.seqs.seq[blockIdx.x];
+  const int h = blockIdx.y;
+  const int j = threadIdx.x % p.dv, part = threadIdx.x / p.dv;
+  const int rows = p.dk / splits, row0 = part * rows;
+  float* state = static_cast<float*>(seq.state) + int64_t(h) * p.dk * p.dv;
+  float s[kMaxRowsPerThread];
+  for (int i = 0; i < rows; ++i) s[i] = state[(row0 + i) * p.dv + j];
+
+  for (int64_t t = 0; t < seq.n_rows; ++t) {
+    const int64_t row = seq.row_begin + t;
+    load_token(p, row, h, q, k, beta_g);
+    __syncthreads();
+    const float decay = expf(beta_g[1]);
+    float mem = 0;
+    for (int i = 0; i < rows; ++i) {
+      s[i] *= decay;
+      mem += s[i] * k[row0 + i];
+    }
+    partial[part * p.dv + j] = mem;
+    __syncthreads();
+    mem = 0;
+    for (int x = 0; x < splits; ++x) mem += partial[x * p.dv + j];
+    const float v = to_float(p.qkv[row * p.qkv_stride + 2 * p.hk * p.dk + h * p.dv + j]);
+    const float delta = beta_g[0] * (v - mem);
+    float o = 0;
+    for (int i = 0; i < rows; ++i) {
+      s[i] += k[row0 + i] * delta;
+      o += s[i] * q[row0 + i];
+    }
+    __syncthreads();  // everyone has read partial
+    partial[part * p.dv + j] = o;
+    __syncthreads();
+    if (part == 0) {
+      float total = 0;
+      for (int x = 0; x < splits; ++x) total += partial[x * p.dv + j];
+      p.out[row * p.out_stride + h * p.dv + j] = __float2bfloat16(total);
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < rows; ++i) state[(row0 + i) * p.dv + j] = s[i];
+}
+
+constexpr int kChunk = 64;
+
+struct ChunkSmem {
+  int dk, dv;
+  __host__ __device__ size_t q() const { return 0; }
+  __host__ __device__ size_t k() const { return q() + size_t(kChunk) * dk; }
+  __host__ __device__ size_t u() const { return k() + size_t(kChunk) * dk; }
+  __host__ __device__ size_t w() const { return u() + size_t(kChunk) * dv; }
+  __host__ __device__ size_t state() const { return w() + size_t(kChunk) * dk; }
+  __host__ __device__ size_t a() const { return state() + size_t(dk) * dv; }
+  __host__ __device__ size_t cum() const { return a() + size_t(kChunk) * kChunk; }
+  __host__ __device__ size_t beta() const { return cum() + kChunk; }
+  __host__ __device__ size_t floats() const { return beta() + kChunk; }
+};
+
+// The chunked form; one block per (sequence, value head), chunks in order.
+__global__ void delta_chunked_kernel(DeltaParams p) {
+  extern __shared__ float shared[];
+  const ChunkSmem L{p.dk, p.dv};
+  float* q = shared + L.q();
+  float* k = shared + L.k();
+  float* u = shared + L.u();
+  float* w = shared + L.w();
+  float* S = shared + L.state();
+  float* A = shared + L.a();
+  float* cum = shared + L.cum();
+  float* beta = shared + L.beta();
+  const StateSeq& seq = p.seqs.seq[blockIdx.x];
+  const int h = blockIdx.y, kh = h / (p.hv / p.hk);
+  const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid % 32, warp = tid / 32, n_warps = n_threads / 32;
+  const int dk = p.dk, dv = p.dv;
+  float* state = static_cast<float*>(seq.state) + int64_t(h) * dk * dv;
+  for (int i = tid; i < dk * dv; i += n_threads) S[i] = state[i];
+
+  for (int64_t c0 = 0; c0 < seq.n_rows; c0 += kChunk) {
+    const int c = int(seq.n_rows - c0 < kChunk ? seq.n_rows - c0 : kChunk);
+    __syncthreads();
+    // 1. the chunk's normalised q, k, raw v, beta and log-decay (a warp per token)
+    for (int t = warp; t < c; t += n_warps) {
+      const int64_t row = seq.row_begin + c0 + t;
+      const bf16* r = p.qkv + row * p.qkv_stride;
+      float qn = 0, kn = 0;
+      for (int d = lane; d < dk; d += 32) {
+        const float qv = to_float(r[kh * dk + d]), kv = to_float(r[p.hk * dk + kh * dk + d]);
+        q[t * dk + d] = qv;
+        k[t * dk + d] = kv;
+        qn += qv * qv;
+        kn += kv * kv;
+      }
+      qn = warp_sum(qn);
+      kn = warp_sum(kn);
+      const float qs = rsqrtf(qn + 1e-6f) * rsqrtf(float(dk)), ks = rsqrtf(kn + 1e-6f);
+      for (int d = lane; d < dk; d += 32) {
+        q[t * dk + d] *= qs;
+        k[t * dk + d] *= ks;
+      }
+      for (int d = lane; d < dv; d += 32) u[t * dv + d] = to_float(r[2 * p.hk * dk + h * dv + d]);
+      if (lane == 0) {
+        beta[t] = sigmoid(to_float(p.b[row * p.ab_stride + h]));
+        cum[t] = -expf(p.a_log[h]) * softplus(to_float(p.a[row * p.ab_stride + h]) + p.dt_bias[h]);
+      }
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int t = 1; t < c; ++t) cum[t] += cum[t - 1];
+    __syncthreads();
+    // 2. right-hand sides: β v and β k e^cum; the system β_i (k_i·k_j) e^(cum_i − cum_j), j < i
+    for (int i = tid; i < c * dv; i += n_threads) u[i] *= beta[i / dv];
+    for (int i = tid; i < c * dk; i += n_threads) w[i] = k[i] * beta[i / dk] * expf(cum[i / dk]);
+    for (int x = tid; x < c * c; x += n_threads) {
+      const int i = x / c, j = x % c;
+      float dot = 0;
+      if (j < i)
+        for (int d = 0; d < dk; ++d) dot += k[i * dk + d] * k[j * dk + d];
+      A[i * kChunk + j] = j < i ? beta[i] * dot * expf(cum[i] - cum[j]) : 0.0f;
+    }
+    __syncthreads();
+    // 3. forward substitution with I + strictly-lower(A), row by row
+    for (int i = 1; i < c; ++i) {
+      for (int col = tid; col < dv + dk; col += n_threads) {
+        float* x = col < dv ? u + i * dv + col : w + i * dk + (col - dv);
+        const float* base = col < dv ? u + col : w + (col - dv);
+        const int ld = col < dv ? dv : dk;
+        float acc = *x;
+        for (int j = 0; j < i; ++j) acc -= A[i * kChunk + j] * base[j * ld];
+        *x = acc;
+      }
+      __syncthreads();
+    }
+    // 4. v_new = u − w S  (in place in u)
+    for (int x = tid; x < c * dv; x += n_threads) {
+      const int i = x / dv, j = x % dv;
+      float acc = u[x];
+      for (int a = 0; a < dk; ++a) acc -= w[i * dk + a] * S[a * dv + j];
+      u[x] = acc;
+    }
+    // intra-chunk attention (q_i·k_j) e^(cum_i − cum_j), j ≤ i, into A
+    for (int x = tid; x < c * c; x += n_threads) {
+      const int i = x / c, j = x % c;
+      float dot = 0;
+      if (j <= i)
+        for (int d = 0; d < dk; ++d) dot += q[i * dk + d] * k[j * dk + d];
+      A[i * kChunk + j] = j <= i ? dot * expf(cum[i] - cum[j]) : 0.0f;
+    }
+    __syncthreads();
+    // 5. o_i = e^cum_i q_i S + Σ_{j≤i} A_ij v_new_j
+    for (int x = tid; x < c * dv; x += n_threads) {
+      const int i = x / dv, j = x % dv;
+      float acc = 0;
+      for (int a = 0; a < dk; ++a) acc += q[i * dk + a] * S[a * dv + j];
+      acc *= expf(cum[i]);
+      for (int t = 0; t <= i; ++t) acc += A[i * kChunk + t] * u[t * dv + j];
+      p.out[(seq.row_begin + c0 + i) * p.out_stride + h * dv + j] = __float2bfloat16(acc);
+    }
+    __syncthreads();
+    // 6. S = S e^cum_last + Σ_i (k_i e^(cum_last − cum_i)) v_new_iᵀ
+    const float last = cum[c - 1];
+    for (int x = tid; x < dk * dv; x += n_threads) {
+      const int a = x / dv, j = x % dv;
+      float acc = S[x] * expf(last);
+      for (int t = 0; t < c; ++t) acc += k[t * dk + a] * expf(last - cum[t]) * u[t * dv + j];
+      S[x] = acc;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < dk * dv; i += n_threads) state[i] = S[i];
+}
+
+}  // namespace
+
+void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream) {
+  const int64_t channels = args.x.cols();
+  const int kernel = int(args.weight.numel() / channels);
+  assert(kernel >= 1 && kernel <= 8);
+  for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
+    StateTable table{};
+    table.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
+    for (int i = 0; i < table.n; ++i) {
+      const SeqRows& s = args.seqs[begin + size_t(i)];
+      table.seq[i] = StateSeq{s.row_begin, s.n_rows, args.states[begin + size_t(i)].data()};
+    }
+    dim3 grid(unsigned(ceil_div(channels, 128)), unsigned(table.n));
+    dispatch_float(args.x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      causal_conv_kernel<T><<<grid, 128, 0, stream>>>(table, rows_of<const T>(args.x), args.weight.data_as<float>(),
+                                                      rows_of<T>(args.out), channels, kernel, args.silu);
+    });
+  }
+}
+
+void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream) {
+  assert(args.qkv.dtype() == DType::bf16 && args.out.dtype() == DType::bf16);
+  DeltaParams p{};
+  p.qkv = args.qkv.data_as<bf16>();
+  p.qkv_stride = args.qkv.row_stride();
+  p.a = args.a.data_as<bf16>();
+  p.b = args.b.data_as<bf16>();
+  p.ab_stride = args.a.row_stride();
+  p.a_log = args.a_log.data_as<float>();
+  p.dt_bias = args.dt_bias.data_as<float>();
+  p.out = args.out.data_as<bf16>();
+  p.out_stride = args.out.row_stride();
+  p.hk = args.n_k_heads;
+  p.hv = args.n_v_heads;
+  p.dk = args.k_dim;
+  p.dv = args.v_dim;
+  const ChunkSmem chunk_smem{p.dk, p.dv};
+  const size_t chunk_bytes = chunk_smem.floats() * sizeof(float);
+  int max_smem = 0, device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  const bool chunked = args.algorithm == DeltaRuleAlgorithm::chunked && chunk_bytes <= size_t(max_smem);
+  static std::once_flag configured;
+  std::call_once(configured, [max_smem] {
+    cudaFuncSetAttribute(delta_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  });
+  // recurrent layout: columns × splits threads, each split at most 32 rows of the state
+  int splits = 1;
+  while ((p.dk / splits > kMaxRowsPerThread || p.dk % splits) && splits < p.dk) ++splits;
+  while (p.dv * splits * 2 <= 512 && p.dk % (splits * 2) == 0) splits *= 2;
+  for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
+    p.seqs = StateTable{};
+    p.seqs.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
+    for (int i = 0; i < p.seqs.n; ++i) {
+      const SeqRows& s = args.seqs[begin + size_t(i)];
+      p.seqs.seq[i] = StateSeq{s.row_begin, s.n_rows, args.states[begin + size_t(i)].data()};
+    }
+    const dim3 grid(unsigned(p.seqs.n), unsigned(p.hv));
+    if (chunked) {
+      delta_chunked_kernel<<<grid, 512, chunk_bytes, stream>>>(p);
+    } else {
+      const size_t bytes = (2 * size_t(p.dk) + 2 + size_t(splits) * p.dv) * sizeof(float);
+      delta_recurrent_kernel<<<grid, p.dv * splits, bytes, stream>>>(p, splits);
+    }
+  }
+}
+
+}  // namespace kiln::cuda

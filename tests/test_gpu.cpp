@@ -1,0 +1,353 @@
+// The CUDA backend against the CPU f32 reference: every op on random inputs (odd sizes included),
+// then every oracle fixture end to end. Skipped, visibly, where no GPU is present.
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "models/model.h"
+#include "runtime/prefill.h"
+#include "test_util.h"
+
+namespace kiln::test {
+namespace {
+
+class Gpu : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    auto made = make_cuda_backend(0);
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    gpu = std::move(made).value();
+  }
+  void TearDown() override {
+    if (gpu) {
+      EXPECT_TRUE(gpu->status().ok()) << gpu->status().error().message;
+    }
+  }
+
+  // A random host f32 tensor whose values are exactly representable in bf16.
+  Tensor random(Shape shape, float std = 1.0f) {
+    Tensor t = host_tensor(DType::f32, shape);
+    std::normal_distribution<float> dist(0.0f, std);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
+    return t;
+  }
+  Tensor to_gpu(const Tensor& host, DType dtype = DType::bf16) { return gpu->upload(host, dtype); }
+  Tensor from_gpu(const Tensor& device) { return gpu->to_host(device); }
+
+ public:
+  // max |a - b| / max |b|
+  static double rel(const Tensor& a, const Tensor& b) {
+    double diff = 0, scale = 1e-30;
+    for (int64_t i = 0; i < b.numel(); ++i) {
+      const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
+      if (std::isnan(x)) return INFINITY;
+      diff = std::max(diff, std::fabs(x - y));
+      scale = std::max(scale, std::fabs(y));
+    }
+    return diff / scale;
+  }
+
+ protected:
+  std::unique_ptr<Backend> gpu;
+  CpuBackend cpu{4};
+  std::mt19937 rng{7};
+};
+
+TEST_F(Gpu, Matmul) {
+  for (int64_t m : {1, 33, 256})
+    for (int64_t n : {31, 128}) {
+      const int64_t k = 96;
+      Tensor x = random(Shape{m, k}), w = random(Shape{n, k});
+      Tensor want = cpu.alloc(DType::f32, Shape{m, n});
+      cpu.matmul(x, w, want);
+      Tensor got = gpu->alloc(DType::f32, Shape{m, n});
+      gpu->matmul(to_gpu(x), to_gpu(w), got);
+      EXPECT_LT(rel(from_gpu(got), want), 1e-4) << m << "x" << n;  // f32 output: only accumulation order
+    }
+}
+
+TEST_F(Gpu, NormsAndElementwise) {
+  Tensor x = random(Shape{37, 160}), z = random(Shape{37, 160}), w = random(Shape{160});
+  Tensor want = cpu.alloc(DType::f32, x.shape()), got = gpu->alloc(DType::bf16, x.shape());
+  cpu.rms_norm(x, w, 1e-6f, 1.0f, want);
+  gpu->rms_norm(to_gpu(x), to_gpu(w, DType::f32), 1e-6f, 1.0f, got);
+  EXPECT_LT(rel(from_gpu(got), want), 1e-2);
+  cpu.rms_norm_gated(x, z, w, 1e-6f, want);
+  gpu->rms_norm_gated(to_gpu(x), to_gpu(z), to_gpu(w, DType::f32), 1e-6f, got);
+  EXPECT_LT(rel(from_gpu(got), want), 1e-2);
+  for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+    cpu.glu(x, z, act, want);
+    gpu->glu(to_gpu(x), to_gpu(z), act, got);
+    EXPECT_LT(rel(from_gpu(got), want), 1e-2);
+  }
+  // strided views: the right half of a wider tensor
+  Tensor wide = random(Shape{37, 320});
+  Tensor wide_gpu = to_gpu(wide);
+  cpu.sigmoid_mul(x, wide.cols_view(160, 160), want);
+  gpu->sigmoid_mul(to_gpu(x), wide_gpu.cols_view(160, 160), got);
+  EXPECT_LT(rel(from_gpu(got), want), 1e-2);
+  Tensor logits = random(Shape{5, 333}, 20.0f);
+  Tensor logits_gpu = to_gpu(logits, DType::f32);
+  cpu.softcap(logits, 30.0f);
+  gpu->softcap(logits_gpu, 30.0f);
+  EXPECT_LT(rel(from_gpu(logits_gpu), logits), 1e-5);
+  Tensor ids_cpu = cpu.alloc(DType::i32, Shape{5}), ids_gpu = gpu->alloc(DType::i32, Shape{5});
+  cpu.argmax(logits, ids_cpu);
+  gpu->argmax(logits_gpu, ids_gpu);
+  Tensor ids_back = gpu->to_host(ids_gpu);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(ids_back.data_as<int32_t>()[i], ids_cpu.data_as<int32_t>()[i]);
+}
+
+TEST_F(Gpu, Rope) {
+  Tensor x = random(Shape{9, 4, 64});
+  Tensor pos = host_tensor(DType::i32, Shape{9});
+  for (int i = 0; i < 9; ++i) pos.data_as<int32_t>()[i] = i * 37;
+  Tensor freqs = host_tensor(DType::f32, Shape{16});
+  for (int i = 0; i < 16; ++i) freqs.data_as<float>()[i] = std::pow(10000.0f, -float(i) / 16);
+  Tensor xg = to_gpu(x);
+  cpu.rope(RopeArgs{.x = x, .positions = pos, .inv_freq = freqs, .pair_offset = 32});
+  gpu->rope(RopeArgs{.x = xg, .positions = to_gpu(pos), .inv_freq = to_gpu(freqs, DType::f32), .pair_offset = 32});
+  EXPECT_LT(rel(from_gpu(xg), x), 1e-2);
+}
+
+// Chunked prefill then decode through ring caches, several sequences per call, against the CPU.
+void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int hd, int64_t window, int64_t chunk,
+                    std::mt19937& rng) {
+  const std::vector<int64_t> lengths = {45, 19};
+  const int64_t capacity = window ? window - 1 + chunk : 64;
+  std::vector<KvCacheView> cpu_caches, gpu_caches;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    for (auto* caches : {&cpu_caches, &gpu_caches}) {
+      Backend& b = caches == &cpu_caches ? static_cast<Backend&>(cpu) : gpu;
+      KvCacheView c;
+      c.capacity = capacity;
+      c.k = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
+      c.v = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
+      c.slot_pos = b.alloc(DType::i32, Shape{capacity});
+      b.fill(c.slot_pos, -1.0f);
+      caches->push_back(c);
+    }
+  }
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto rnd = [&](Shape shape) {
+    Tensor x = host_tensor(DType::f32, shape);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
+    return x;
+  };
+  double worst = 0;
+  for (int64_t begin = 0; begin < 45;) {
+    const int64_t step = begin < 30 ? chunk : 1;  // prefill in chunks, then decode
+    std::vector<SeqRows> seqs;
+    std::vector<KvCacheView> cc, gc;
+    int64_t rows = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      const int64_t n = std::min(step, lengths[s] - begin);
+      if (n <= 0) continue;
+      seqs.push_back(SeqRows{rows, n, begin});
+      cc.push_back(cpu_caches[s]);
+      gc.push_back(gpu_caches[s]);
+      rows += n;
+    }
+    Tensor q = rnd(Shape{rows, hq, hd}), k = rnd(Shape{rows, hkv, hd}), v = rnd(Shape{rows, hkv, hd});
+    Tensor pos = host_tensor(DType::i32, Shape{rows});
+    for (const auto& s : seqs)
+      for (int64_t i = 0; i < s.n_rows; ++i) pos.data_as<int32_t>()[s.row_begin + i] = int32_t(s.pos_begin + i);
+    Tensor want = cpu.alloc(DType::f32, Shape{rows, hq, hd});
+    cpu.kv_write(KvWriteArgs{.k = k, .v = v, .positions = pos, .seqs = seqs, .caches = cc});
+    cpu.attention(AttentionArgs{.q = q,
+                                .out = want,
+                                .positions = pos,
+                                .seqs = seqs,
+                                .caches = cc,
+                                .n_heads = hq,
+                                .n_kv_heads = hkv,
+                                .head_dim = hd,
+                                .scale = 0.125f,
+                                .window = window});
+    Tensor pos_gpu = gpu.upload(pos, DType::i32);
+    Tensor got = gpu.alloc(DType::bf16, Shape{rows, hq, hd});
+    gpu.kv_write(KvWriteArgs{.k = gpu.upload(k, DType::bf16),
+                             .v = gpu.upload(v, DType::bf16),
+                             .positions = pos_gpu,
+                             .seqs = seqs,
+                             .caches = gc});
+    gpu.attention(AttentionArgs{.q = gpu.upload(q, DType::bf16),
+                                .out = got,
+                                .positions = pos_gpu,
+                                .seqs = seqs,
+                                .caches = gc,
+                                .n_heads = hq,
+                                .n_kv_heads = hkv,
+                                .head_dim = hd,
+                                .scale = 0.125f,
+                                .window = window});
+    worst = std::max(worst, Gpu::rel(gpu.to_host(got), want));
+    begin += step;
+  }
+  EXPECT_LT(worst, 2e-2) << "hq " << hq << " hkv " << hkv << " hd " << hd << " window " << window;
+}
+
+TEST_F(Gpu, Attention) {
+  for (int hd : {32, 64, 128, 256, 512})
+    for (int64_t window : {int64_t(0), int64_t(9)}) attention_case(this, cpu, *gpu, 8, 2, hd, window, 7, rng);
+  attention_case(this, cpu, *gpu, 6, 1, 128, 0, 13, rng);  // a group that does not divide the tile
+  attention_case(this, cpu, *gpu, 16, 16, 64, 0, 5, rng);
+}
+
+TEST_F(Gpu, CausalConvAndGatedDelta) {
+  const int hk = 2, hv = 4, dk = 32, dv = 64;
+  const int64_t conv_dim = 2 * hk * dk + hv * dv, n = 150;
+  Tensor x = random(Shape{n, conv_dim}, 0.5f), w = random(Shape{conv_dim, 4}, 0.5f);
+  Tensor a = random(Shape{n, hv}), b = random(Shape{n, hv});
+  Tensor a_log = host_tensor(DType::f32, Shape{hv}), dt = host_tensor(DType::f32, Shape{hv});
+  for (int h = 0; h < hv; ++h) a_log.data_as<float>()[h] = -2.0f + h, dt.data_as<float>()[h] = 0.3f * h;
+  for (auto algo : {DeltaRuleAlgorithm::chunked, DeltaRuleAlgorithm::recurrent}) {
+    Tensor cs = cpu.alloc(DType::f32, Shape{3, conv_dim}), gs = gpu->alloc(DType::bf16, Shape{3, conv_dim});
+    Tensor cr = cpu.alloc(DType::f32, Shape{hv, dk, dv}), gr = gpu->alloc(DType::f32, Shape{hv, dk, dv});
+    cpu.fill(cs, 0.0f);
+    gpu->fill(gs, 0.0f);
+    cpu.fill(cr, 0.0f);
+    gpu->fill(gr, 0.0f);
+    Tensor xg = to_gpu(x), wg = to_gpu(w, DType::f32), ag = to_gpu(a), bg = to_gpu(b);
+    Tensor alg = to_gpu(a_log, DType::f32), dtg = to_gpu(dt, DType::f32);
+    double worst_out = 0;
+    const int64_t call = algo == DeltaRuleAlgorithm::chunked ? 70 : 1;
+    for (int64_t begin = 0; begin < n; begin += call) {
+      const int64_t len = std::min(call, n - begin);
+      std::vector<SeqRows> seqs = {SeqRows{0, len, begin}};
+      Tensor cx = cpu.alloc(DType::f32, Shape{len, conv_dim}), gx = gpu->alloc(DType::bf16, Shape{len, conv_dim});
+      cpu.causal_conv1d({.x = x.rows_view(begin, len), .weight = w, .out = cx, .seqs = seqs, .states = {cs}});
+      gpu->causal_conv1d({.x = xg.rows_view(begin, len), .weight = wg, .out = gx, .seqs = seqs, .states = {gs}});
+      Tensor co = cpu.alloc(DType::f32, Shape{len, hv * dv}), go = gpu->alloc(DType::bf16, Shape{len, hv * dv});
+      // both sides run the rule on the same (bf16-rounded) conv output
+      Tensor cx_rounded = from_gpu(gx);
+      cpu.gated_delta({.qkv = cx_rounded,
+                       .a = a.rows_view(begin, len),
+                       .b = b.rows_view(begin, len),
+                       .a_log = a_log,
+                       .dt_bias = dt,
+                       .out = co,
+                       .seqs = seqs,
+                       .states = {cr},
+                       .n_k_heads = hk,
+                       .n_v_heads = hv,
+                       .k_dim = dk,
+                       .v_dim = dv,
+                       .algorithm = algo});
+      gpu->gated_delta({.qkv = gx,
+                        .a = ag.rows_view(begin, len),
+                        .b = bg.rows_view(begin, len),
+                        .a_log = alg,
+                        .dt_bias = dtg,
+                        .out = go,
+                        .seqs = seqs,
+                        .states = {gr},
+                        .n_k_heads = hk,
+                        .n_v_heads = hv,
+                        .k_dim = dk,
+                        .v_dim = dv,
+                        .algorithm = algo});
+      EXPECT_LT(rel(from_gpu(gx), cx), 2e-2);
+      worst_out = std::max(worst_out, rel(from_gpu(go), co));
+    }
+    EXPECT_LT(worst_out, 2e-2) << (algo == DeltaRuleAlgorithm::chunked ? "chunked" : "recurrent");
+    EXPECT_LT(rel(from_gpu(gr), cr), 1e-3)
+        << "state, " << (algo == DeltaRuleAlgorithm::chunked ? "chunked" : "recurrent");
+  }
+}
+
+TEST_F(Gpu, MoeRouteAndExperts) {
+  const int64_t tokens = 19, hidden = 96, inter = 48, experts = 10;
+  const int top_k = 3;
+  Tensor logits = random(Shape{tokens, experts}, 2.0f), scale = random(Shape{experts});
+  Tensor x = random(Shape{tokens, hidden}), gate = random(Shape{experts, inter, hidden}, 0.2f);
+  Tensor up = random(Shape{experts, inter, hidden}, 0.2f), down = random(Shape{experts, hidden, inter}, 0.2f);
+  Tensor ids_c = cpu.alloc(DType::i32, Shape{tokens, top_k}), w_c = cpu.alloc(DType::f32, Shape{tokens, top_k});
+  Tensor ids_g = gpu->alloc(DType::i32, Shape{tokens, top_k}), w_g = gpu->alloc(DType::f32, Shape{tokens, top_k});
+  cpu.moe_route({.logits = logits, .expert_scale = scale, .ids = ids_c, .weights = w_c, .top_k = top_k});
+  gpu->moe_route({.logits = to_gpu(logits, DType::f32),
+                  .expert_scale = to_gpu(scale, DType::f32),
+                  .ids = ids_g,
+                  .weights = w_g,
+                  .top_k = top_k});
+  Tensor ids_back = gpu->to_host(ids_g);
+  for (int64_t i = 0; i < tokens * top_k; ++i) ASSERT_EQ(ids_back.data_as<int32_t>()[i], ids_c.data_as<int32_t>()[i]);
+  EXPECT_LT(rel(from_gpu(w_g), w_c), 1e-5);
+  Tensor want = cpu.alloc(DType::f32, Shape{tokens, hidden}), got = gpu->alloc(DType::bf16, Shape{tokens, hidden});
+  cpu.moe_experts({.x = x,
+                   .ids = ids_c,
+                   .weights = w_c,
+                   .gate = gate,
+                   .up = up,
+                   .down = down,
+                   .out = want,
+                   .act = Activation::gelu_tanh});
+  gpu->moe_experts({.x = to_gpu(x),
+                    .ids = ids_g,
+                    .weights = w_g,
+                    .gate = to_gpu(gate),
+                    .up = to_gpu(up),
+                    .down = to_gpu(down),
+                    .out = got,
+                    .act = Activation::gelu_tanh});
+  EXPECT_LT(rel(from_gpu(got), want), 2e-2);
+}
+
+// Whole models: GPU (bf16) logits against CPU (f32) logits on every oracle fixture. Prompts go in
+// at chunk sizes 1, 7 and whole, then 32 tokens are decoded one at a time, fed the same ids.
+class GpuFixtures : public testing::TestWithParam<std::string> {};
+
+std::vector<float> run_device(Backend& backend, const std::string& fixture, const std::vector<int32_t>& ids,
+                              int64_t prompt, int64_t chunk) {
+  auto model = load_model(fixture_path(fixture), backend, ModelOptions{.max_chunk_tokens = chunk});
+  EXPECT_TRUE(model.ok()) << (model.ok() ? "" : model.error().message);
+  auto state = (*model)->new_sequence(int64_t(ids.size()));
+  std::vector<float> all;
+  auto head = run_tokens(**model, **state, std::span(ids).first(size_t(prompt)), chunk, LogitRows::all);
+  EXPECT_TRUE(head.ok()) << (head.ok() ? "" : head.error().message);
+  all.assign(head->data_as<float>(), head->data_as<float>() + head->numel());
+  for (size_t i = size_t(prompt); i < ids.size(); ++i) {
+    auto step = run_tokens(**model, **state, std::span(ids).subspan(i, 1), 1, LogitRows::all);
+    EXPECT_TRUE(step.ok());
+    all.insert(all.end(), step->data_as<float>(), step->data_as<float>() + step->numel());
+  }
+  return all;
+}
+
+TEST_P(GpuFixtures, MatchCpuReference) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  ASSERT_TRUE(gpu.ok());
+  CpuBackend cpu(4);
+  const auto ids = fixture_ids(GetParam());
+  const int64_t prompt = int64_t(ids.size()) - 32, n = int64_t(ids.size());
+  for (int64_t chunk : {int64_t(1), int64_t(7), prompt}) {
+    const auto want = run_device(cpu, GetParam(), ids, prompt, chunk);
+    const auto got = run_device(**gpu, GetParam(), ids, prompt, chunk);
+    ASSERT_EQ(want.size(), got.size());
+    const int64_t vocab = int64_t(want.size()) / n;
+    auto c = compare_logits(got.data(), want.data(), n, vocab);
+    const double tol = 2e-2 * c.max_abs_reference;
+    EXPECT_LE(c.max_abs_diff, tol) << "chunk " << chunk;
+    EXPECT_GE(c.argmax_agreement, 0.97) << "chunk " << chunk;
+    // wherever the CPU's top two are further apart than the tolerance, the argmax must agree
+    for (int64_t r = 0; r < n; ++r) {
+      const float* w = want.data() + r * vocab;
+      const float* g = got.data() + r * vocab;
+      std::vector<float> sorted(w, w + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      if (sorted[0] - sorted[1] <= tol) continue;
+      EXPECT_EQ(std::max_element(g, g + vocab) - g, std::max_element(w, w + vocab) - w)
+          << "position " << r << " chunk " << chunk;
+    }
+  }
+  EXPECT_TRUE((*gpu)->status().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtures, testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kiln::test

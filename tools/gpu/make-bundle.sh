@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Packs a CUDA build's binaries and the non-system shared libraries they link into one archive
+# for tools/gpu/run-prebuilt.sh.   tools/gpu/make-bundle.sh BUILD_DIR OUT.tar.xz
+set -euo pipefail
+build=$1 out=$2
+stage=$(mktemp -d)
+cp "$build/kiln" "$build/tests/kiln_gpu_tests" "$build/tests/kiln_tests" "$stage/"
+mkdir "$stage/lib"
+for lib in $(ldd "$build/kiln" | awk '/=>/ {print $3}' | grep -E 'spdlog|fmt|openblas|gfortran|quadmath'); do
+  cp -L "$lib" "$stage/lib/"
+done
+strip "$stage/kiln" "$stage/kiln_gpu_tests" "$stage/kiln_tests"
+grep -m1 'CMAKE_HOME_DIRECTORY' "$build/CMakeCache.txt" | cut -d= -f2 > "$stage/SOURCE_DIR"
+tar cJf "$out" -C "$stage" .
+rm -rf "$stage"

@@ -25,5 +25,7 @@ Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options);
 using Action = std::function<Status()>;
 
 void add_logits_command(CLI::App& app, Action& action);
+void add_synth_model_command(CLI::App& app, Action& action);
+void add_bench_command(CLI::App& app, Action& action);
 
 }  // namespace kiln::cli

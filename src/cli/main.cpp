@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
 
   kiln::cli::Action action;
   kiln::cli::add_logits_command(app, action);
+  kiln::cli::add_synth_model_command(app, action);
+  kiln::cli::add_bench_command(app, action);
 
   try {
     app.parse(argc, argv);

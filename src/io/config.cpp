@@ -97,10 +97,16 @@ std::vector<int64_t> ConfigReader::get_ints(const std::string& key) {
 }
 
 Result<ModelConfigFile> read_model_config(const std::string& model_dir) {
+  std::ifstream probe(model_dir + "/config.json");
+  if (!probe) return make_error("missing file {}/config.json (is {} a model directory?)", model_dir, model_dir);
+  return read_model_config_file(model_dir + "/config.json");
+}
+
+Result<ModelConfigFile> read_model_config_file(const std::string& path) {
   ModelConfigFile cfg;
-  cfg.path = model_dir + "/config.json";
+  cfg.path = path;
   std::ifstream in(cfg.path);
-  if (!in) return make_error("missing file {} (is {} a model directory?)", cfg.path, model_dir);
+  if (!in) return make_error("cannot read {}", cfg.path);
   try {
     cfg.root = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {

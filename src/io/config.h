@@ -49,5 +49,7 @@ struct ModelConfigFile {
 };
 
 Result<ModelConfigFile> read_model_config(const std::string& model_dir);
+// The same from a config.json file anywhere.
+Result<ModelConfigFile> read_model_config_file(const std::string& path);
 
 }  // namespace kiln

@@ -15,4 +15,10 @@ struct BatchLayout {
   Tensor positions;                    // [n_tokens] i32, on the backend
 };
 
+// A batch ready to run: its layout and its token ids, on the backend.
+struct PreparedBatch {
+  BatchLayout layout;
+  Tensor ids;  // [n_tokens] i32
+};
+
 }  // namespace kiln

@@ -10,11 +10,6 @@
 
 namespace kiln {
 
-struct PreparedBatch {
-  BatchLayout layout;
-  Tensor ids;  // [n_tokens] i32 on the backend
-};
-
 // Checks token ids against the vocabulary, chunk sizes against max_chunk and context room, then
 // concatenates the chunks' tokens and uploads ids and positions.
 Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> batch, int64_t vocab_size,

@@ -168,6 +168,59 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
   return c;
 }
 
+std::vector<CheckpointTensor> gemma4_checkpoint_tensors(const Gemma4Config& c) {
+  using Fill = CheckpointTensor::Fill;
+  std::vector<CheckpointTensor> t;
+  auto matrix = [&](const std::string& name, Shape shape) { t.push_back({name, shape, Fill::normal, 0.02f}); };
+  auto ones = [&](const std::string& name, Shape shape) { t.push_back({name, shape, Fill::constant, 1.0f}); };
+  const int64_t H = c.hidden_size, Hq = c.num_attention_heads, L = c.num_hidden_layers;
+  const int64_t P = c.hidden_size_per_layer_input;
+  matrix("model.embed_tokens.weight", Shape{c.vocab_size, H});
+  ones("model.norm.weight", Shape{H});
+  if (!c.tie_word_embeddings) matrix("lm_head.weight", Shape{c.vocab_size, H});
+  if (P > 0) {
+    matrix("model.embed_tokens_per_layer.weight", Shape{c.vocab_size_per_layer_input, L * P});
+    matrix("model.per_layer_model_projection.weight", Shape{L * P, H});
+    ones("model.per_layer_projection_norm.weight", Shape{P});
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    const auto& g = c.layers[size_t(i)];
+    const std::string p = "model.layers." + std::to_string(i);
+    for (const char* norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                             "post_feedforward_layernorm"})
+      ones(p + "." + norm + ".weight", Shape{H});
+    matrix(p + ".self_attn.q_proj.weight", Shape{Hq * g.head_dim, H});
+    ones(p + ".self_attn.q_norm.weight", Shape{g.head_dim});
+    matrix(p + ".self_attn.o_proj.weight", Shape{H, Hq * g.head_dim});
+    if (!g.shares_kv) {
+      matrix(p + ".self_attn.k_proj.weight", Shape{g.n_kv_heads * g.head_dim, H});
+      ones(p + ".self_attn.k_norm.weight", Shape{g.head_dim});
+      if (!g.k_eq_v) matrix(p + ".self_attn.v_proj.weight", Shape{g.n_kv_heads * g.head_dim, H});
+    }
+    matrix(p + ".mlp.gate_proj.weight", Shape{g.mlp_width, H});
+    matrix(p + ".mlp.up_proj.weight", Shape{g.mlp_width, H});
+    matrix(p + ".mlp.down_proj.weight", Shape{H, g.mlp_width});
+    ones(p + ".layer_scalar", Shape{1});
+    if (c.enable_moe_block) {
+      const int64_t E = c.num_experts, I = c.moe_intermediate_size;
+      matrix(p + ".router.proj.weight", Shape{E, H});
+      ones(p + ".router.scale", Shape{H});
+      ones(p + ".router.per_expert_scale", Shape{E});
+      matrix(p + ".experts.gate_up_proj", Shape{E, 2 * I, H});
+      matrix(p + ".experts.down_proj", Shape{E, H, I});
+      for (const char* norm : {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                               "post_feedforward_layernorm_2"})
+        ones(p + "." + norm + ".weight", Shape{H});
+    }
+    if (P > 0) {
+      matrix(p + ".per_layer_input_gate.weight", Shape{P, H});
+      matrix(p + ".per_layer_projection.weight", Shape{H, P});
+      ones(p + ".post_per_layer_input_norm.weight", Shape{H});
+    }
+  }
+  return t;
+}
+
 namespace {
 
 struct Gemma4Layer {
@@ -194,9 +247,11 @@ class Gemma4Model final : public Model {
   Backend& backend() const override { return backend_; }
   int64_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) override;
+  size_t decode_bytes(int64_t context, int64_t batch) const override;
+  double prefill_flops(int64_t tokens) const override;
 
  protected:
-  Result<Tensor> forward_impl(std::span<const SeqChunk> batch, LogitRows rows) override;
+  Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) override;
 
  private:
   Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
@@ -315,6 +370,70 @@ Result<std::unique_ptr<SequenceState>> Gemma4Model::new_sequence(int64_t max_con
   return std::make_unique<SequenceState>(std::move(layers), max_context);
 }
 
+size_t Gemma4Model::decode_bytes(int64_t context, int64_t batch) const {
+  const Gemma4Config& c = config_;
+  size_t bytes = 0;
+  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.nbytes() : 0; };
+  // the embedding lookups read one row per token; a tied head reads the whole table
+  const size_t act = dtype_size(backend_.activation_dtype());
+  bytes += size_t(batch) * size_t(c.hidden_size) * dtype_size(embed_tokens.dtype());
+  if (c.hidden_size_per_layer_input > 0) {
+    bytes += size_t(batch) * size_t(embed_tokens_per_layer.cols()) * dtype_size(embed_tokens_per_layer.dtype());
+    add(per_layer_model_projection);
+    add(per_layer_projection_norm);
+  }
+  add(norm_weight);
+  add(lm_head);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Gemma4Layer& w = layers_[i];
+    const auto& g = c.layers[i];
+    for (const Tensor* t : {&w.input_layernorm, &w.post_attention_layernorm, &w.pre_feedforward_layernorm,
+                            &w.post_feedforward_layernorm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.q_norm,
+                            &w.k_norm, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router_proj, &w.router_norm_weight,
+                            &w.per_expert_scale, &w.pre_feedforward_layernorm_2, &w.post_feedforward_layernorm_1,
+                            &w.post_feedforward_layernorm_2, &w.per_layer_input_gate, &w.per_layer_projection,
+                            &w.post_per_layer_input_norm})
+      add(*t);
+    if (c.enable_moe_block) {  // only the routed experts are read
+      const int64_t routed = std::min(c.num_experts, batch * c.top_k_experts);
+      const size_t per_expert = (w.experts.gate.nbytes() + w.experts.up.nbytes() + w.experts.down.nbytes()) /
+                                size_t(c.num_experts);
+      bytes += size_t(routed) * per_expert;
+    }
+    // keys and values in view of each query
+    const int64_t visible = g.sliding ? std::min(context, c.sliding_window) : context;
+    bytes += size_t(batch) * size_t(visible) * size_t(g.n_kv_heads * g.head_dim) * 2 * act;
+  }
+  return bytes;
+}
+
+double Gemma4Model::prefill_flops(int64_t tokens) const {
+  const Gemma4Config& c = config_;
+  const double t = double(tokens);
+  double params = double(lm_head.numel());
+  if (c.hidden_size_per_layer_input > 0) params += double(per_layer_model_projection.numel());
+  double attention = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Gemma4Layer& w = layers_[i];
+    const auto& g = c.layers[i];
+    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down,
+                            &w.router_proj, &w.per_layer_input_gate, &w.per_layer_projection})
+      params += m->defined() ? double(m->numel()) : 0.0;
+    if (c.enable_moe_block)
+      params += double(c.top_k_experts) *
+                double(w.experts.gate.numel() + w.experts.up.numel() + w.experts.down.numel()) / double(c.num_experts);
+    // visible keys summed over the queries: a triangle, cut off by the window
+    double keys = 0;
+    if (g.sliding && tokens > c.sliding_window)
+      keys = double(c.sliding_window) * (double(c.sliding_window) + 1) / 2 +
+             double(tokens - c.sliding_window) * double(c.sliding_window);
+    else
+      keys = t * (t + 1) / 2;
+    attention += 4.0 * keys * double(c.num_attention_heads * g.head_dim);
+  }
+  return 2.0 * t * params + attention;
+}
+
 Tensor Gemma4Model::norm(const Tensor& x, const Tensor& weight) {
   Tensor out = backend_.alloc(backend_.activation_dtype(), Shape{x.rows(), x.cols()});
   backend_.rms_norm(x, weight, float(config_.rms_norm_eps), 0.0f, out);
@@ -400,8 +519,7 @@ Tensor Gemma4Model::per_layer_inputs(const Tensor& ids, const Tensor& embedded) 
   return context_part;
 }
 
-Result<Tensor> Gemma4Model::forward_impl(std::span<const SeqChunk> chunks, LogitRows rows) {
-  KILN_ASSIGN(PreparedBatch prepared, prepare_batch(backend_, chunks, config_.vocab_size, options_.max_chunk_tokens));
+Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows rows) {
   const BatchLayout& batch = prepared.layout;
   const int64_t T = batch.n_tokens, H = config_.hidden_size, P = config_.hidden_size_per_layer_input;
   const DType dt = backend_.activation_dtype();
@@ -432,7 +550,6 @@ Result<Tensor> Gemma4Model::forward_impl(std::span<const SeqChunk> chunks, Logit
   Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});
   backend_.matmul(last, lm_head, logits);
   if (config_.final_logit_softcapping) backend_.softcap(logits, float(*config_.final_logit_softcapping));
-  advance_sequences(batch);
   return logits;
 }
 

@@ -68,6 +68,8 @@ struct Gemma4Config {
 
 Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file);
 
+std::vector<CheckpointTensor> gemma4_checkpoint_tensors(const Gemma4Config& config);
+
 Result<std::unique_ptr<Model>> load_gemma4(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
                                            const ModelOptions& options);
 

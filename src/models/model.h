@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "io/config.h"
+#include "io/synthetic.h"
+#include "layers/batch.h"
 #include "ops/backend.h"
 #include "runtime/sequence_state.h"
 
@@ -54,9 +57,30 @@ class Model {
   // Device failures (out of memory, a failed launch) come back as errors too.
   Result<Tensor> forward(std::span<const SeqChunk> batch, LogitRows rows);
 
+  // The two halves of forward, for runtimes that keep a batch on the device and replay it (decode
+  // graphs): prepare checks the batch and puts ids and positions on the backend; run issues the
+  // device work only (no host transfers, nothing that depends on host values that change from one
+  // decode step to the next) and leaves the sequences' lengths to the caller.
+  Result<PreparedBatch> prepare(std::span<const SeqChunk> batch);
+  Result<Tensor> run(const PreparedBatch& batch, LogitRows rows);
+
+  // Bytes one decode step reads from device memory: the weights it touches (for MoE, the experts
+  // a batch of `batch` tokens routes to at most) and the caches of sequences `context` long.
+  virtual size_t decode_bytes(int64_t context, int64_t batch) const = 0;
+  // Floating-point operations of a prefill of `tokens` tokens from an empty cache: the matrix
+  // products (for MoE, the routed experts) and attention's two products over the visible keys.
+  virtual double prefill_flops(int64_t tokens) const = 0;
+
  protected:
-  virtual Result<Tensor> forward_impl(std::span<const SeqChunk> batch, LogitRows rows) = 0;
+  virtual Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) = 0;
 };
+
+// One tensor of a checkpoint, named and shaped as transformers saves the model (text-only form,
+// "model." prefix), with how a synthetic checkpoint fills it.
+using CheckpointTensor = SyntheticTensor;
+
+// The tensors a checkpoint of this config holds (used to write synthetic models of any geometry).
+Result<std::vector<CheckpointTensor>> checkpoint_tensors(const ModelConfigFile& config);
 
 // Builds the model a directory holds, on `backend`. The architecture comes from config.json's
 // model_type through an explicit table; an unknown one is an error naming it.

@@ -83,6 +83,68 @@ Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file) {
   return c;
 }
 
+std::vector<CheckpointTensor> qwen3_5_checkpoint_tensors(const Qwen35Config& c) {
+  using Fill = CheckpointTensor::Fill;
+  std::vector<CheckpointTensor> t;
+  auto matrix = [&](const std::string& name, Shape shape) { t.push_back({name, shape, Fill::normal, 0.02f}); };
+  auto constant = [&](const std::string& name, Shape shape, float v) { t.push_back({name, shape, Fill::constant, v}); };
+  const int64_t H = c.hidden_size, Hq = c.num_attention_heads, kv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t hk = c.linear_num_key_heads, hv = c.linear_num_value_heads;
+  const int64_t key_dim = hk * c.linear_key_head_dim, value_dim = hv * c.linear_value_head_dim;
+  const int64_t conv_dim = 2 * key_dim + value_dim;
+  matrix("model.embed_tokens.weight", Shape{c.vocab_size, H});
+  constant("model.norm.weight", Shape{H}, 0.0f);  // transformers' (1 + w) form
+  if (!c.tie_word_embeddings) matrix("lm_head.weight", Shape{c.vocab_size, H});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i);
+    constant(p + ".input_layernorm.weight", Shape{H}, 0.0f);
+    constant(p + ".post_attention_layernorm.weight", Shape{H}, 0.0f);
+    if (c.layer_types[size_t(i)] == "linear_attention") {
+      const std::string a = p + ".linear_attn";
+      matrix(a + ".in_proj_qkv.weight", Shape{conv_dim, H});
+      matrix(a + ".in_proj_z.weight", Shape{value_dim, H});
+      matrix(a + ".in_proj_b.weight", Shape{hv, H});
+      matrix(a + ".in_proj_a.weight", Shape{hv, H});
+      t.push_back({a + ".conv1d.weight", Shape{conv_dim, 1, c.linear_conv_kernel_dim}, Fill::normal, 0.3f});
+      t.push_back({a + ".A_log", Shape{hv}, Fill::uniform, 0.0f, 2.7f});  // A in [1, 15]
+      constant(a + ".dt_bias", Shape{hv}, 1.0f);
+      constant(a + ".norm.weight", Shape{c.linear_value_head_dim}, 1.0f);
+      matrix(a + ".out_proj.weight", Shape{H, value_dim});
+    } else {
+      const std::string a = p + ".self_attn";
+      matrix(a + ".q_proj.weight", Shape{Hq * hd * 2, H});
+      matrix(a + ".k_proj.weight", Shape{kv * hd, H});
+      matrix(a + ".v_proj.weight", Shape{kv * hd, H});
+      matrix(a + ".o_proj.weight", Shape{H, Hq * hd});
+      constant(a + ".q_norm.weight", Shape{hd}, 0.0f);
+      constant(a + ".k_norm.weight", Shape{hd}, 0.0f);
+    }
+    if (c.num_experts > 0) {
+      const std::string m = p + ".mlp";
+      const int64_t I = c.moe_intermediate_size;
+      matrix(m + ".gate.weight", Shape{c.num_experts, H});
+      for (int64_t e = 0; e < c.num_experts; ++e) {  // one tensor per expert, as the released checkpoints
+        const std::string x = m + ".experts." + std::to_string(e);
+        matrix(x + ".gate_proj.weight", Shape{I, H});
+        matrix(x + ".up_proj.weight", Shape{I, H});
+        matrix(x + ".down_proj.weight", Shape{H, I});
+      }
+      if (c.shared_expert_intermediate_size > 0) {
+        const int64_t S = c.shared_expert_intermediate_size;
+        matrix(m + ".shared_expert.gate_proj.weight", Shape{S, H});
+        matrix(m + ".shared_expert.up_proj.weight", Shape{S, H});
+        matrix(m + ".shared_expert.down_proj.weight", Shape{H, S});
+        matrix(m + ".shared_expert_gate.weight", Shape{1, H});
+      }
+    } else {
+      matrix(p + ".mlp.gate_proj.weight", Shape{c.intermediate_size, H});
+      matrix(p + ".mlp.up_proj.weight", Shape{c.intermediate_size, H});
+      matrix(p + ".mlp.down_proj.weight", Shape{H, c.intermediate_size});
+    }
+  }
+  return t;
+}
+
 namespace {
 
 struct Qwen35Layer {
@@ -111,9 +173,11 @@ class Qwen35Model final : public Model {
   Backend& backend() const override { return backend_; }
   int64_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) override;
+  size_t decode_bytes(int64_t context, int64_t batch) const override;
+  double prefill_flops(int64_t tokens) const override;
 
  protected:
-  Result<Tensor> forward_impl(std::span<const SeqChunk> batch, LogitRows rows) override;
+  Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) override;
 
  private:
   Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
@@ -219,6 +283,61 @@ Result<std::unique_ptr<SequenceState>> Qwen35Model::new_sequence(int64_t max_con
   return std::make_unique<SequenceState>(std::move(layers), max_context);
 }
 
+size_t Qwen35Model::decode_bytes(int64_t context, int64_t batch) const {
+  const Qwen35Config& c = config_;
+  size_t bytes = 0;
+  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.nbytes() : 0; };
+  const size_t act = dtype_size(backend_.activation_dtype());
+  bytes += size_t(batch) * size_t(c.hidden_size) * dtype_size(embed_tokens.dtype());  // one row per token
+  add(norm_weight);
+  add(lm_head);
+  for (const Qwen35Layer& w : layers_) {
+    for (const Tensor* t : {&w.input_layernorm, &w.post_attention_layernorm, &w.q_proj, &w.k_proj, &w.v_proj,
+                            &w.o_proj, &w.q_norm, &w.k_norm, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router,
+                            &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down, &w.shared_expert_gate,
+                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
+                            &w.delta.conv1d, &w.delta.a_log, &w.delta.dt_bias, &w.delta.norm, &w.delta.out_proj})
+      add(*t);
+    if (c.num_experts > 0) {
+      const int64_t routed = std::min(c.num_experts, batch * c.num_experts_per_tok);
+      const size_t per_expert =
+          (w.experts.gate.nbytes() + w.experts.up.nbytes() + w.experts.down.nbytes()) / size_t(c.num_experts);
+      bytes += size_t(routed) * per_expert;
+    }
+    if (w.linear) {  // the f32 state is read and written, the conv state too
+      bytes += size_t(batch) * 2 * size_t(delta_shape_.n_v_heads) * delta_shape_.k_dim * delta_shape_.v_dim * 4;
+      bytes += size_t(batch) * 2 * size_t(delta_shape_.conv_kernel - 1) * size_t(delta_shape_.conv_dim()) * act;
+    } else {
+      bytes += size_t(batch) * size_t(context) * size_t(c.num_key_value_heads * c.head_dim) * 2 * act;
+    }
+  }
+  return bytes;
+}
+
+double Qwen35Model::prefill_flops(int64_t tokens) const {
+  const Qwen35Config& c = config_;
+  const double t = double(tokens);
+  double params = double(lm_head.numel()), other = 0;
+  for (const Qwen35Layer& w : layers_) {
+    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down,
+                            &w.router, &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down,
+                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
+                            &w.delta.out_proj})
+      params += m->defined() ? double(m->numel()) : 0.0;
+    if (c.num_experts > 0)
+      params += double(c.num_experts_per_tok) *
+                double(w.experts.gate.numel() + w.experts.up.numel() + w.experts.down.numel()) / double(c.num_experts);
+    if (w.linear) {
+      // the chunked delta rule: per chunk of 64, the key/query products, the state read, the update
+      const double dk = delta_shape_.k_dim, dv = delta_shape_.v_dim;
+      other += double(delta_shape_.n_v_heads) * t * 2.0 * (64.0 * dk * 2 + 64.0 * dv + 3.0 * dk * dv);
+    } else {
+      other += 4.0 * t * (t + 1) / 2 * double(c.num_attention_heads * c.head_dim);
+    }
+  }
+  return 2.0 * t * params + other;
+}
+
 Tensor Qwen35Model::norm(const Tensor& x, const Tensor& weight) {
   Tensor out = backend_.alloc(backend_.activation_dtype(), Shape{x.rows(), x.cols()});
   backend_.rms_norm(x, weight, float(config_.rms_norm_eps), norm_offset_, out);
@@ -278,8 +397,7 @@ Tensor Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x) {
   return out;
 }
 
-Result<Tensor> Qwen35Model::forward_impl(std::span<const SeqChunk> chunks, LogitRows rows) {
-  KILN_ASSIGN(PreparedBatch prepared, prepare_batch(backend_, chunks, config_.vocab_size, options_.max_chunk_tokens));
+Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows rows) {
   const BatchLayout& batch = prepared.layout;
   const int64_t T = batch.n_tokens, H = config_.hidden_size;
 
@@ -296,7 +414,6 @@ Result<Tensor> Qwen35Model::forward_impl(std::span<const SeqChunk> chunks, Logit
   Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);
   Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});
   backend_.matmul(last, lm_head, logits);
-  advance_sequences(batch);
   return logits;
 }
 

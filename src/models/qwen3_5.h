@@ -45,6 +45,8 @@ struct Qwen35Config {
 
 Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file);
 
+std::vector<CheckpointTensor> qwen3_5_checkpoint_tensors(const Qwen35Config& config);
+
 Result<std::unique_ptr<Model>> load_qwen3_5(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
                                             const ModelOptions& options);
 

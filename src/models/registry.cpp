@@ -5,6 +5,7 @@
 
 #include "io/config.h"
 #include "io/weights.h"
+#include "models/batch_prep.h"
 #include "models/gemma4.h"
 #include "models/model.h"
 #include "models/qwen3_5.h"
@@ -26,20 +27,48 @@ const std::map<std::string, Loader>& registry() {
 
 }  // namespace
 
+Result<std::vector<CheckpointTensor>> checkpoint_tensors(const ModelConfigFile& config) {
+  const std::string& type = config.model_type;
+  if (type == "gemma4" || type == "gemma4_text") {
+    KILN_ASSIGN(Gemma4Config c, parse_gemma4_config(config));
+    return gemma4_checkpoint_tensors(c);
+  }
+  if (type.rfind("qwen3_5", 0) == 0) {
+    KILN_ASSIGN(Qwen35Config c, parse_qwen3_5_config(config));
+    return qwen3_5_checkpoint_tensors(c);
+  }
+  return make_error("unsupported model_type '{}' in {}", type, config.path);
+}
+
 std::vector<std::string> supported_model_types() {
   std::vector<std::string> out;
   for (const auto& [name, loader] : registry()) out.push_back(name);
   return out;
 }
 
-Result<Tensor> Model::forward(std::span<const SeqChunk> batch, LogitRows rows) {
+Result<PreparedBatch> Model::prepare(std::span<const SeqChunk> batch) {
   try {
-    KILN_ASSIGN(Tensor logits, forward_impl(batch, rows));
+    return prepare_batch(backend(), batch, info().vocab_size, max_chunk_tokens());
+  } catch (const std::exception& e) {
+    return make_error("forward failed: {}", e.what());
+  }
+}
+
+Result<Tensor> Model::run(const PreparedBatch& batch, LogitRows rows) {
+  try {
+    KILN_ASSIGN(Tensor logits, run_impl(batch, rows));
     KILN_TRY(backend().status());
     return logits;
   } catch (const std::exception& e) {  // allocation failures surface here as exceptions
     return make_error("forward failed: {}", e.what());
   }
+}
+
+Result<Tensor> Model::forward(std::span<const SeqChunk> batch, LogitRows rows) {
+  KILN_ASSIGN(PreparedBatch prepared, prepare(batch));
+  KILN_ASSIGN(Tensor logits, run(prepared, rows));
+  advance_sequences(prepared.layout);
+  return logits;
 }
 
 namespace {

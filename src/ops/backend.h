@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,21 @@ namespace kiln {
 class Backend {
  public:
   virtual ~Backend() = default;
+
+  // Device-side timing: start() and stop_ms() mark points in the op stream.
+  class Timer {
+   public:
+    virtual ~Timer() = default;
+    virtual void start() = 0;
+    virtual double stop_ms() = 0;  // waits for the ops issued before it
+  };
+  // A recorded sequence of ops that replays without the host issuing them again (a CUDA graph).
+  // Tensors allocated while recording stay valid, and are overwritten by each replay.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual Status replay() = 0;
+  };
 
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
@@ -38,6 +54,15 @@ class Backend {
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape, row-strided allowed
   virtual void fill(Tensor& t, float value) = 0;
   virtual void synchronize() = 0;
+  // Measurement and replay.
+  virtual std::unique_ptr<Timer> timer() = 0;
+  virtual size_t peak_memory_bytes() const { return 0; }
+  virtual void reset_peak_memory() {}
+  // Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written: the
+  // memory roofline a benchmark compares decode against.
+  virtual double copy_bandwidth() = 0;
+  virtual Result<std::unique_ptr<Graph>> capture(const std::function<Status()>& record) = 0;
+
   // The first device error since creation (a failed allocation or launch), which makes later
   // results meaningless; ok while none happened.
   virtual Status status() const { return ok_status(); }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -144,6 +145,42 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
                 static_cast<const char*>(src.data()) + size_t(r * src.row_stride()) * dtype_size(src.dtype()),
                 row_bytes);
   finish(dst);
+}
+
+std::unique_ptr<Backend::Timer> CpuBackend::timer() {
+  struct WallTimer : Timer {
+    std::chrono::steady_clock::time_point t0;
+    void start() override { t0 = std::chrono::steady_clock::now(); }
+    double stop_ms() override {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+  return std::make_unique<WallTimer>();
+}
+
+double CpuBackend::copy_bandwidth() {
+  const size_t bytes = size_t(256) << 20;
+  std::vector<char> a(bytes, 1), b(bytes);
+  std::vector<double> seconds;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool_.parallel_for(int64_t(bytes >> 20), [&](int64_t begin, int64_t end) {
+      std::memcpy(b.data() + (begin << 20), a.data() + (begin << 20), size_t(end - begin) << 20);
+    });
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * double(bytes) / seconds[seconds.size() / 2];
+}
+
+Result<std::unique_ptr<Backend::Graph>> CpuBackend::capture(const std::function<Status()>& record) {
+  struct Rerun : Graph {
+    std::function<Status()> record;
+    Status replay() override { return record(); }
+  };
+  auto graph = std::make_unique<Rerun>();
+  graph->record = record;
+  return std::unique_ptr<Graph>(std::move(graph));
 }
 
 void CpuBackend::fill(Tensor& t, float value) {

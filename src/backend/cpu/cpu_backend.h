@@ -30,6 +30,10 @@ class CpuBackend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& t, float value) override;
   void synchronize() override {}
+  std::unique_ptr<Timer> timer() override;
+  double copy_bandwidth() override;
+  // There is nothing to record on the CPU: a graph runs its ops again.
+  Result<std::unique_ptr<Graph>> capture(const std::function<Status()>& record) override;
 
   void matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
   void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override;

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -70,11 +71,36 @@ void convert_host(const Tensor& src, DType dst_type, void* dst) {
   }
 }
 
+struct ArenaFull {};
+
+// The workspace a recorded graph's temporaries live in.
+struct Arena {
+  std::shared_ptr<void> base;
+  size_t size = 0;
+  size_t used = 0;
+};
+
+class CudaBackend;
+
+class CudaGraph final : public Backend::Graph {
+ public:
+  CudaGraph(CudaBackend* backend, cudaGraphExec_t exec, std::shared_ptr<Arena> workspace)
+      : backend_(backend), exec_(exec), workspace_(std::move(workspace)) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  Status replay() override;
+
+ private:
+  CudaBackend* backend_;
+  cudaGraphExec_t exec_;
+  std::shared_ptr<Arena> workspace_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {}
   ~CudaBackend() override {
     if (cublas_) cublasDestroy(cublas_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (stream_) {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
@@ -91,6 +117,9 @@ class CudaBackend final : public Backend {
       return make_error("cannot create a CUDA stream");
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return make_error("cannot initialise cuBLAS");
     cublasSetStream(cublas_, stream_);
+    // a workspace of its own, so that cuBLAS allocates nothing while a graph is recorded
+    if (cudaMalloc(&cublas_workspace_, kCublasWorkspace) != cudaSuccess) return make_error("cannot allocate cuBLAS workspace");
+    cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace);
     cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     cudaDeviceGetDefaultMemPool(&pool_, device_);
     uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next forward
@@ -109,6 +138,14 @@ class CudaBackend final : public Backend {
 
   Tensor alloc(DType dtype, Shape shape) override {
     const size_t bytes = std::max<size_t>(size_t(shape.numel()) * dtype_size(dtype), 1);
+    if (arena_) {  // recording a graph: bump-allocate from its workspace
+      const size_t rounded = (bytes + 255) / 256 * 256;
+      if (arena_->used + rounded > arena_->size)
+        throw ArenaFull{};
+      char* p = static_cast<char*>(arena_->base.get()) + arena_->used;
+      arena_->used += rounded;
+      return Tensor(dtype, shape, p, arena_->base, Device::cuda);
+    }
     void* p = nullptr;
     cudaError_t err = cudaMallocAsync(&p, (bytes + 255) / 256 * 256, stream_);
     if (err != cudaSuccess) {
@@ -161,6 +198,100 @@ class CudaBackend final : public Backend {
     after_launch("fill");
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
+
+  std::unique_ptr<Timer> timer() override {
+    struct EventTimer : Timer {
+      cudaStream_t stream;
+      cudaEvent_t begin = nullptr, end = nullptr;
+      explicit EventTimer(cudaStream_t s) : stream(s) {
+        cudaEventCreate(&begin);
+        cudaEventCreate(&end);
+      }
+      ~EventTimer() override {
+        cudaEventDestroy(begin);
+        cudaEventDestroy(end);
+      }
+      void start() override { cudaEventRecord(begin, stream); }
+      double stop_ms() override {
+        cudaEventRecord(end, stream);
+        cudaEventSynchronize(end);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, begin, end);
+        return ms;
+      }
+    };
+    return std::make_unique<EventTimer>(stream_);
+  }
+
+  size_t peak_memory_bytes() const override {
+    uint64_t value = 0;
+    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &value);
+    return size_t(value) + arena_bytes_;
+  }
+  void reset_peak_memory() override {
+    uint64_t zero = 0;
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero);
+  }
+
+  double copy_bandwidth() override {
+    const size_t bytes = size_t(1) << 30;
+    Tensor a = alloc(DType::u8, Shape{int64_t(bytes)}), b = alloc(DType::u8, Shape{int64_t(bytes)});
+    cudaMemsetAsync(a.data(), 1, bytes, stream_);
+    auto t = timer();
+    std::vector<double> ms;
+    for (int i = 0; i < 12; ++i) {
+      t->start();
+      cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream_);
+      ms.push_back(t->stop_ms());
+    }
+    std::sort(ms.begin() + 2, ms.end());  // the first two are warm-up
+    return 2.0 * double(bytes) / (ms[2 + (ms.size() - 2) / 2] * 1e-3);
+  }
+
+  Result<std::unique_ptr<Graph>> capture(const std::function<Status()>& record) override {
+    // Temporaries come from a workspace that belongs to the graph, so that their addresses stay
+    // fixed from one replay to the next; it grows until the recording fits.
+    for (size_t size = size_t(64) << 20; size <= (size_t(16) << 30); size *= 4) {
+      auto workspace = std::make_shared<Arena>();
+      workspace->size = size;
+      void* base = nullptr;
+      check(cudaStreamSynchronize(stream_), "capture");
+      if (cudaMalloc(&base, size) != cudaSuccess) return make_error("CUDA out of memory for a {}-byte graph workspace", size);
+      workspace->base = std::shared_ptr<void>(base, [](void* p) { cudaFree(p); });
+      arena_ = workspace;
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        arena_.reset();
+        return make_error("cannot start recording a CUDA graph");
+      }
+      Status recorded = ok_status();
+      bool full = false;
+      try {
+        recorded = record();
+      } catch (const ArenaFull&) {
+        full = true;
+      }
+      cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+      arena_.reset();
+      if (full) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        continue;
+      }
+      KILN_TRY(recorded);
+      if (ended != cudaSuccess || !graph) {
+        cudaGetLastError();
+        return make_error("recording a CUDA graph failed: {}", cudaGetErrorString(ended));
+      }
+      cudaGraphExec_t exec = nullptr;
+      cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      if (made != cudaSuccess) return make_error("instantiating a CUDA graph failed: {}", cudaGetErrorString(made));
+      arena_bytes_ += size;
+      return std::unique_ptr<Graph>(std::make_unique<CudaGraph>(this, exec, workspace));
+    }
+    return make_error("a CUDA graph needs more than 16 GiB of workspace");
+  }
 
   void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
     const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
@@ -268,7 +399,21 @@ class CudaBackend final : public Backend {
   cudaMemPool_t pool_ = nullptr;
   mutable std::mutex error_mutex_;
   std::string first_error_;
+  std::shared_ptr<Arena> arena_;  // set while recording a graph
+  static constexpr size_t kCublasWorkspace = size_t(64) << 20;
+  void* cublas_workspace_ = nullptr;
+  size_t arena_bytes_ = 0;
+
+ public:
+  cudaStream_t stream() const { return stream_; }
+  void note(cudaError_t err, const char* what) { check(err, what); }
 };
+
+Status CudaGraph::replay() {
+  cudaError_t err = cudaGraphLaunch(exec_, backend_->stream());
+  if (err != cudaSuccess) return make_error("replaying a CUDA graph failed: {}", cudaGetErrorString(err));
+  return backend_->status();
+}
 
 }  // namespace
 

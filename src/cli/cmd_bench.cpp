@@ -1,0 +1,189 @@
+// kiln bench MODEL_DIR [--device cuda|cpu] [--prompt-len N] [--gen N] [--batch N] [--runs N] [--json]
+//
+// Prefill and decode speed measured with device timers, after a warm-up run, as the median of
+// several runs; decode is set against the memory roofline (a device-to-device copy measured in
+// the same run) and prefill against the rate a large bf16 matrix product reaches in the same run.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "models/model.h"
+#include "runtime/decode_loop.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct BenchOptions {
+  std::string model_dir;
+  int64_t prompt_len = 512;
+  int64_t gen = 128;
+  int64_t batch = 1;
+  int runs = 3;
+  bool json = false;
+  bool matmul_peak = true;
+  RunOptions run;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// FLOP/s of an 8192³ product in the backend's matrix type, on random data.
+double matmul_peak(Backend& backend) {
+  const int64_t n = 8192;
+  Tensor host = host_tensor(DType::f32, Shape{n, n});
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t i = 0; i < host.numel(); ++i) host.data_as<float>()[i] = dist(rng);
+  Tensor a = backend.upload(host, backend.matrix_dtype()), b = backend.upload(host, backend.matrix_dtype());
+  Tensor c = backend.alloc(backend.activation_dtype(), Shape{n, n});
+  auto timer = backend.timer();
+  std::vector<double> ms;
+  for (int i = 0; i < 8; ++i) {
+    timer->start();
+    backend.matmul(a, b, c);
+    ms.push_back(timer->stop_ms());
+  }
+  ms.erase(ms.begin(), ms.begin() + 2);
+  return 2.0 * double(n) * double(n) * double(n) / (median(ms) * 1e-3);
+}
+
+struct RunResult {
+  double prefill_ms = 0, decode_ms = 0;
+};
+
+Result<RunResult> bench_once(Model& model, const std::vector<std::vector<int32_t>>& prompts, int64_t gen) {
+  Backend& backend = model.backend();
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  std::vector<SeqChunk> chunks;
+  for (const auto& p : prompts) {
+    KILN_ASSIGN(auto s, model.new_sequence(int64_t(p.size()) + gen + 1));
+    seqs.push_back(std::move(s));
+    chunks.push_back({seqs.back().get(), p});
+  }
+  RunResult r;
+  auto timer = backend.timer();
+  backend.synchronize();
+  timer->start();
+  KILN_ASSIGN(Tensor logits, model.forward(chunks, LogitRows::last));
+  Tensor first = backend.alloc(DType::i32, Shape{int64_t(prompts.size())});
+  backend.argmax(logits, first);
+  r.prefill_ms = timer->stop_ms();  // the first token is chosen: time to first token
+
+  Tensor first_host = backend.to_host(first);
+  std::vector<SequenceState*> states;
+  for (auto& s : seqs) states.push_back(s.get());
+  KILN_ASSIGN(auto loop, DecodeLoop::create(model, states,
+                                            std::span<const int32_t>(first_host.data_as<int32_t>(), prompts.size())));
+  KILN_TRY(loop->step());  // the first replay pays one-time costs
+  backend.synchronize();
+  timer->start();
+  for (int64_t i = 1; i < gen; ++i) KILN_TRY(loop->step());
+  r.decode_ms = timer->stop_ms() / double(std::max<int64_t>(1, gen - 1));
+  return r;
+}
+
+Status run_bench(const BenchOptions& o) {
+  if (o.prompt_len <= 0 || o.gen < 2 || o.batch <= 0) return make_error("bench needs --prompt-len > 0, --gen >= 2");
+  KILN_ASSIGN(auto backend, make_backend(o.run));
+  ModelOptions model_options;
+  model_options.max_chunk_tokens = o.prompt_len;  // the prompt goes in as one forward
+  const auto load_start = std::chrono::steady_clock::now();
+  KILN_ASSIGN(auto model, load_model(o.model_dir, *backend, model_options));
+  backend->synchronize();
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const ModelInfo& info = model->info();
+
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> token(1, int32_t(std::min<int64_t>(info.vocab_size, 1 << 30)) - 1);
+  std::vector<std::vector<int32_t>> prompts(size_t(o.batch), std::vector<int32_t>(size_t(o.prompt_len)));
+  for (auto& p : prompts)
+    for (auto& t : p) t = token(rng);
+
+  const double copy_bw = backend->copy_bandwidth();
+  const double peak_flops = o.matmul_peak ? matmul_peak(*backend) : 0.0;
+  backend->reset_peak_memory();
+  std::vector<double> prefill, decode;
+  for (int run = 0; run <= o.runs; ++run) {  // run 0 warms up
+    KILN_ASSIGN(RunResult r, bench_once(*model, prompts, o.gen));
+    if (run == 0) continue;
+    prefill.push_back(r.prefill_ms);
+    decode.push_back(r.decode_ms);
+  }
+  const double prefill_ms = median(prefill), step_ms = median(decode);
+  const double prefill_tps = double(o.batch * o.prompt_len) / (prefill_ms * 1e-3);
+  const double decode_tps = double(o.batch) / (step_ms * 1e-3);
+  // decode reads at the mean context of the generated span
+  const size_t step_bytes = model->decode_bytes(o.prompt_len + o.gen / 2, o.batch);
+  const double achieved_bw = double(step_bytes) / (step_ms * 1e-3);
+  const double flops = double(o.batch) * model->prefill_flops(o.prompt_len);
+  const double prefill_rate = flops / (prefill_ms * 1e-3);
+  const size_t peak_memory = backend->peak_memory_bytes();
+
+  nlohmann::ordered_json j;
+  j["model"] = o.model_dir;
+  j["model_type"] = info.model_type;
+  j["weight_bytes"] = info.weight_bytes;
+  j["device"] = backend->name();
+  j["prompt_len"] = o.prompt_len;
+  j["gen"] = o.gen;
+  j["batch"] = o.batch;
+  j["runs"] = o.runs;
+  j["load_s"] = load_s;
+  j["prefill_ms"] = prefill_ms;
+  j["prefill_tok_s"] = prefill_tps;
+  j["time_to_first_token_ms"] = prefill_ms;
+  j["prefill_flops"] = flops;
+  j["prefill_tflop_s"] = prefill_rate / 1e12;
+  j["matmul_peak_tflop_s"] = peak_flops / 1e12;
+  j["prefill_share_of_matmul_peak"] = peak_flops > 0 ? prefill_rate / peak_flops : 0.0;
+  j["decode_step_ms"] = step_ms;
+  j["decode_tok_s"] = decode_tps;
+  j["decode_bytes_per_step"] = step_bytes;
+  j["decode_bandwidth_gb_s"] = achieved_bw / 1e9;
+  j["copy_bandwidth_gb_s"] = copy_bw / 1e9;
+  j["decode_share_of_roofline"] = achieved_bw / copy_bw;
+  j["peak_memory_bytes"] = peak_memory;
+  if (o.json) {
+    fmt::print("{}\n", j.dump(2));
+    return ok_status();
+  }
+  fmt::print("kiln bench: {} ({}, {:.2f} GB of weights) on {}\n", o.model_dir, info.model_type,
+             double(info.weight_bytes) / 1e9, backend->name());
+  fmt::print("  prompt {} x batch {}, {} generated; median of {} runs after a warm-up; load {:.1f} s\n",
+             o.prompt_len, o.batch, o.gen, o.runs, load_s);
+  fmt::print("  prefill              {:10.1f} tok/s   {:8.2f} ms   {:7.1f} TFLOP/s", prefill_tps, prefill_ms,
+             prefill_rate / 1e12);
+  if (peak_flops > 0)
+    fmt::print(" = {:.1f}% of a {:.0f} TFLOP/s matmul", 100.0 * prefill_rate / peak_flops, peak_flops / 1e12);
+  fmt::print("\n  time to first token  {:10.2f} ms\n", prefill_ms);
+  fmt::print("  decode               {:10.1f} tok/s   {:8.3f} ms/step\n", decode_tps, step_ms);
+  fmt::print("  decode reads         {:10.2f} GB/step  {:.0f} GB/s = {:.1f}% of {:.0f} GB/s copy bandwidth\n",
+             double(step_bytes) / 1e9, achieved_bw / 1e9, 100.0 * achieved_bw / copy_bw, copy_bw / 1e9);
+  fmt::print("  peak device memory   {:10.2f} GiB\n", double(peak_memory) / double(1 << 30));
+  return ok_status();
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, Action& action) {
+  auto options = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed on a model directory");
+  cmd->add_option("model_dir", options->model_dir, "Model directory")->required();
+  cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens per sequence")->check(CLI::PositiveNumber);
+  cmd->add_option("--gen", options->gen, "Tokens generated per sequence")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--batch", options->batch, "Sequences decoded together")->check(CLI::PositiveNumber);
+  cmd->add_option("--runs", options->runs, "Timed runs (after one warm-up)")->check(CLI::Range(1, 100));
+  cmd->add_flag("--json", options->json, "Print the figures as JSON");
+  cmd->add_flag("!--no-matmul-peak", options->matmul_peak, "Skip measuring the matrix-product peak");
+  add_run_options(*cmd, options->run);
+  cmd->callback([options, &action] { action = [options] { return run_bench(*options); }; });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,60 @@
+// kiln synth-model CONFIG_JSON OUT_DIR [--dtype bf16|f32] [--seed N]
+// Writes a random-weight model directory of the geometry a config.json describes.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "cli/commands.h"
+#include "io/synthetic.h"
+#include "models/model.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct SynthOptions {
+  std::string config;
+  std::string out_dir;
+  std::string dtype = "bf16";
+  uint64_t seed = 0;
+};
+
+Status run_synth(const SynthOptions& o) {
+  KILN_ASSIGN(ModelConfigFile config, read_model_config_file(o.config));
+  KILN_ASSIGN(auto tensors, checkpoint_tensors(config));
+  // the tensors are named as a text-only checkpoint: write the language model's config flat
+  nlohmann::json text = config.text;
+  std::string type = config.model_type;
+  if (type == "gemma4") type = "gemma4_text";
+  if (type == "qwen3_5") type = "qwen3_5_text";
+  if (type == "qwen3_5_moe") type = "qwen3_5_moe_text";
+  text["model_type"] = type;
+  text.erase("quantization");
+  text.erase("quantization_config");
+  text["dtype"] = o.dtype == "bf16" ? "bfloat16" : "float32";
+  size_t params = 0;
+  for (const auto& t : tensors) params += size_t(t.shape.numel());
+  spdlog::info("writing {} tensors, {:.2f} B parameters, to {}", tensors.size(), double(params) / 1e9, o.out_dir);
+  const auto start = std::chrono::steady_clock::now();
+  KILN_TRY(write_synthetic_checkpoint(
+      o.out_dir, text, tensors,
+      SyntheticOptions{.dtype = o.dtype == "bf16" ? DType::bf16 : DType::f32, .seed = o.seed}));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print(stderr, "wrote {} ({:.2f} B parameters, {}) in {:.1f} s\n", o.out_dir, double(params) / 1e9, o.dtype,
+             seconds);
+  return ok_status();
+}
+
+}  // namespace
+
+void add_synth_model_command(CLI::App& app, Action& action) {
+  auto options = std::make_shared<SynthOptions>();
+  auto* cmd = app.add_subcommand("synth-model", "Write a random-weight model directory of any geometry");
+  cmd->add_option("config_json", options->config, "config.json describing the geometry")->required();
+  cmd->add_option("out_dir", options->out_dir, "Directory to write")->required();
+  cmd->add_option("--dtype", options->dtype, "Weight type")->check(CLI::IsMember({"bf16", "f32"}));
+  cmd->add_option("--seed", options->seed, "Random seed");
+  cmd->callback([options, &action] { action = [options] { return run_synth(*options); }; });
+}
+
+}  // namespace kiln::cli

@@ -212,7 +212,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
     out.first_at_text_start = source->first_at_text_start;
     for (size_t i = 0; i < source->size(); ++i) {
       std::string& bytes = out.open_piece();
-      for (char b : (*source)[i]) append_utf8(bytes, alphabet.char_of_byte[static_cast<unsigned char>(b)]);
+      for (char b : (*source)[i]) bytes += alphabet.utf8_of_byte[static_cast<unsigned char>(b)];
       out.close_piece();
     }
     return ok_status();

@@ -158,6 +158,7 @@ ByteLevelAlphabet make_byte_level_alphabet() {
   for (int b = 0; b < 256; ++b) {
     const char32_t c = is_printable(b) ? char32_t(b) : next_shifted++;
     alphabet.char_of_byte[size_t(b)] = c;
+    append_utf8(alphabet.utf8_of_byte[size_t(b)], c);
     alphabet.byte_of_char[c] = int16_t(b);
   }
   return alphabet;

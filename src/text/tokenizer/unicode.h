@@ -57,6 +57,7 @@ Status lowercase(std::string_view text, std::string& out);
 // GPT-2's reversible byte <-> printable char map used by the ByteLevel pre-tokenizer and decoder.
 struct ByteLevelAlphabet {
   std::array<char32_t, 256> char_of_byte;
+  std::array<std::string, 256> utf8_of_byte;  // char_of_byte in UTF-8, for the hot loop
   // Indexed by code point; -1 for chars that are not in the alphabet (all are below 0x144).
   std::array<int16_t, 0x144> byte_of_char;
 };

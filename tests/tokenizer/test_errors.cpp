@@ -110,6 +110,9 @@ TEST_F(TokenizerFilesTest, InconsistentContent) {
   expect_one_line_error(load(), "invalid id");
   write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b c"]}})");
   expect_one_line_error(load(), "not two tokens");
+  // a token with a newline in the message stays on one line
+  write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["\n\n", "a"]]}})");
+  expect_one_line_error(load(), "('\\n\\n a')");
   write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}}})");
   expect_one_line_error(load(), "no merges");
   write("tokenizer.json", R"({"normalizer": {"type": "NFC"}})");

@@ -56,6 +56,23 @@ Result<std::unique_ptr<BpeModel>> build_model(const json& spec, TokenizerJson& p
   return BpeModel::create(std::move(parsed.vocab), parsed.merges, std::move(options));
 }
 
+// Errors quote tokens, which may hold newlines ("\n\n" is a Gemma token): keep messages on one line.
+std::string one_line(const std::string& message) {
+  std::string out;
+  for (char c : message) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\x{:02X}", static_cast<unsigned char>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 Result<std::vector<AddedToken>> parse_added_tokens(const json& spec) {
   std::vector<AddedToken> tokens;
   if (spec.is_null()) return tokens;
@@ -143,7 +160,7 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
   } catch (const std::exception& e) {
     built = make_error("malformed: {}", e.what());
   }
-  if (!built) return make_error("{}: {}", files.name, built.error().message);
+  if (!built) return make_error("{}: {}", files.name, one_line(built.error().message));
 
   // bos/eos from tokenizer_config.json and generation_config.json, both optional
   json config = json::object();

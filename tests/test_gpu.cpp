@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "models/model.h"
+#include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
 #include "test_util.h"
 
@@ -344,6 +345,58 @@ TEST_P(GpuFixtures, MatchCpuReference) {
     }
   }
   EXPECT_TRUE((*gpu)->status().ok());
+}
+
+// A decode step recorded as a CUDA graph and replayed chooses what step-by-step forwards choose.
+TEST_P(GpuFixtures, GraphDecodeMatchesForwards) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  ASSERT_TRUE(gpu.ok());
+  const auto ids = fixture_ids(GetParam());
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 40);
+  auto model = load_model(fixture_path(GetParam()), **gpu);
+  ASSERT_TRUE(model.ok());
+  std::vector<std::vector<int32_t>> results;
+  for (bool graph : {false, true}) {
+    std::vector<std::unique_ptr<SequenceState>> seqs;
+    std::vector<SequenceState*> states;
+    std::vector<int32_t> next;
+    for (int s = 0; s < 3; ++s) {  // three sequences decoded together
+      seqs.push_back(std::move((*model)->new_sequence(100)).value());
+      states.push_back(seqs.back().get());
+      std::vector<int32_t> p(prompt.begin() + s, prompt.end());
+      auto logits = run_tokens(**model, *seqs.back(), p, 0, LogitRows::last);
+      ASSERT_TRUE(logits.ok());
+      next.push_back(int32_t(std::max_element(logits->data_as<float>(), logits->data_as<float>() + logits->numel()) -
+                             logits->data_as<float>()));
+    }
+    std::vector<int32_t> chosen = next;
+    if (graph) {
+      auto loop = DecodeLoop::create(**model, states, next);
+      ASSERT_TRUE(loop.ok()) << loop.error().message;
+      for (int step = 0; step < 20; ++step) {
+        ASSERT_TRUE((*loop)->step().ok());
+        auto t = (*loop)->tokens();
+        chosen.insert(chosen.end(), t.begin(), t.end());
+      }
+    } else {
+      for (int step = 0; step < 20; ++step) {
+        std::vector<SeqChunk> chunks;
+        for (int s = 0; s < 3; ++s) chunks.push_back({states[size_t(s)], std::span(&next[size_t(s)], 1)});
+        auto logits = (*model)->forward(chunks, LogitRows::last);
+        ASSERT_TRUE(logits.ok());
+        Tensor host = (*gpu)->to_host(*logits);
+        const int64_t vocab = host.cols();
+        for (int s = 0; s < 3; ++s) {
+          const float* row = host.data_as<float>() + s * vocab;
+          next[size_t(s)] = int32_t(std::max_element(row, row + vocab) - row);
+        }
+        chosen.insert(chosen.end(), next.begin(), next.end());
+      }
+    }
+    results.push_back(chosen);
+  }
+  EXPECT_EQ(results[0], results[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtures, testing::ValuesIn(fixture_names()),

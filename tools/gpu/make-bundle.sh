@@ -6,7 +6,7 @@ build=$1 out=$2
 stage=$(mktemp -d)
 cp "$build/kiln" "$build/tests/kiln_gpu_tests" "$build/tests/kiln_tests" "$stage/"
 mkdir "$stage/lib"
-for lib in $(ldd "$build/kiln" | awk '/=>/ {print $3}' | grep -E 'spdlog|fmt|openblas|gfortran|quadmath'); do
+for lib in $(ldd "$build/kiln" | awk '/=>/ {print $3}' | grep -E 'spdlog|fmt|openblas|gfortran|quadmath|icu|pcre2'); do
   cp -L "$lib" "$stage/lib/"
 done
 strip "$stage/kiln" "$stage/kiln_gpu_tests" "$stage/kiln_tests"

@@ -264,6 +264,133 @@ __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
   }
 }
 
+
+// Decode (a few rows per sequence): flash-decoding. Blocks split each sequence's slots into
+// spans, a warp per (row, query head) runs an online softmax over its span, and a second kernel
+// merges the spans. Parallel over slots, so one KV head and a long context still fill the GPU.
+constexpr int kDecodeMaxRows = 4;
+constexpr int kSlotUnroll = 4;
+
+struct DecodeParams {
+  const bf16* q;
+  bf16* out;
+  const int32_t* positions;
+  float* partial;  // [rows, n_heads, splits, head_dim + 2]: m, l, o
+  int n_heads, n_kv_heads, group, head_dim;
+  int splits, span;
+  float scale;
+  int64_t window;
+  SeqTable seqs;
+};
+
+template <int kChunksPerLane>  // head_dim / 256, rounded up: 16-byte chunks of q, k, v per lane
+__global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
+  const SeqDesc& seq = p.seqs.seq[blockIdx.z];
+  const int kvh = blockIdx.y, split = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int hd = p.head_dim, chunks = hd / 8;
+  const int64_t last = seq.row_begin + seq.n_rows - 1;
+  const int64_t n_slots = min(seq.capacity, int64_t(p.positions[last]) + 1);
+  const int64_t j0 = int64_t(split) * p.span, j1 = min(n_slots, j0 + p.span);
+  const int pairs = int(seq.n_rows) * p.group;
+  for (int pair = warp; pair < pairs; pair += 4) {
+    const int r = pair / p.group, head = kvh * p.group + pair % p.group;
+    const int64_t row = seq.row_begin + r;
+    const int qp = p.positions[row];
+    float q[kChunksPerLane][8], o[kChunksPerLane][8];
+#pragma unroll
+    for (int c = 0; c < kChunksPerLane; ++c) {
+      const int chunk = lane + 32 * c;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[c][i] = q[c][i] = 0.0f;
+      if (chunk < chunks) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p.q + (row * p.n_heads + head) * hd + chunk * 8);
+        const bf16* v = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[c][i] = __bfloat162float(v[i]) * p.scale;
+      }
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j = j0; j < j1; j += kSlotUnroll) {
+      float s[kSlotUnroll];
+      bool visible[kSlotUnroll];
+#pragma unroll
+      for (int u = 0; u < kSlotUnroll; ++u) {
+        const int64_t slot = j + u;
+        const int kp = slot < j1 ? seq.slot_pos[slot] : -1;
+        visible[u] = kp >= 0 && kp <= qp && (p.window <= 0 || int64_t(qp) - kp < p.window);
+        float dot = 0.0f;
+        if (slot < j1) {
+#pragma unroll
+          for (int c = 0; c < kChunksPerLane; ++c) {
+            const int chunk = lane + 32 * c;
+            if (chunk >= chunks) continue;
+            const uint4 raw = *reinterpret_cast<const uint4*>(seq.k + (slot * p.n_kv_heads + kvh) * hd + chunk * 8);
+            const bf16* kv = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dot = fmaf(q[c][i], __bfloat162float(kv[i]), dot);
+          }
+        }
+        s[u] = dot;
+      }
+#pragma unroll
+      for (int u = 0; u < kSlotUnroll; ++u) s[u] = warp_sum(s[u]);
+#pragma unroll
+      for (int u = 0; u < kSlotUnroll; ++u) {
+        if (!visible[u]) continue;
+        const float m_new = fmaxf(m, s[u]);
+        const float alpha = __expf(m - m_new), e = __expf(s[u] - m_new);
+        l = l * alpha + e;
+        m = m_new;
+        const int64_t slot = j + u;
+#pragma unroll
+        for (int c = 0; c < kChunksPerLane; ++c) {
+          const int chunk = lane + 32 * c;
+          if (chunk >= chunks) continue;
+          const uint4 raw = *reinterpret_cast<const uint4*>(seq.v + (slot * p.n_kv_heads + kvh) * hd + chunk * 8);
+          const bf16* vv = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[c][i] = o[c][i] * alpha + e * __bfloat162float(vv[i]);
+        }
+      }
+    }
+    float* out = p.partial + ((row * p.n_heads + head) * p.splits + split) * (hd + 2);
+    if (lane == 0) {
+      out[0] = m;
+      out[1] = l;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunksPerLane; ++c) {
+      const int chunk = lane + 32 * c;
+      if (chunk >= chunks) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) out[2 + chunk * 8 + i] = o[c][i];
+    }
+  }
+}
+
+// out[row, head] = Σ_split e^{m_s − m} o_s / Σ_split e^{m_s − m} l_s
+__global__ void decode_combine_kernel(DecodeParams p, int64_t row_begin) {
+  const int64_t row = row_begin + blockIdx.x;
+  const int head = blockIdx.y, hd = p.head_dim;
+  const float* part = p.partial + (row * p.n_heads + head) * p.splits * (hd + 2);
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, part[s * (hd + 2)]);
+  float l = 0.0f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float ms = part[s * (hd + 2)];
+    if (ms != -INFINITY) l += __expf(ms - m) * part[s * (hd + 2) + 1];
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float ms = part[s * (hd + 2)];
+      if (ms != -INFINITY) acc += __expf(ms - m) * part[s * (hd + 2) + 2 + d];
+    }
+    p.out[(row * p.n_heads + head) * hd + d] = __float2bfloat16(l > 0.0f ? acc / l : 0.0f);
+  }
+}
+
 template <int D, int BQ, int BK>
 void launch_attention(const AttnParams& params, cudaStream_t stream) {
   using L = AttnSmem<D, BQ, BK>;
@@ -336,8 +463,60 @@ void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
   }
 }
 
-void attention(const AttentionArgs& args, cudaStream_t stream) {
+namespace {
+
+void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t stream) {
+  DecodeParams p{};
+  p.q = args.q.data_as<bf16>();
+  p.out = args.out.data_as<bf16>();
+  p.positions = args.positions.data_as<int32_t>();
+  p.n_heads = args.n_heads;
+  p.n_kv_heads = args.n_kv_heads;
+  p.group = args.n_heads / args.n_kv_heads;
+  p.head_dim = args.head_dim;
+  p.scale = args.scale;
+  p.window = args.window;
+  int64_t capacity = 1, rows = 0;
+  for (size_t i = 0; i < args.seqs.size(); ++i) {
+    capacity = std::max(capacity, args.caches[i].capacity);
+    rows = std::max(rows, args.seqs[i].row_begin + args.seqs[i].n_rows);
+  }
+  // spans of 64 slots, at most 256 of them: the split count depends on capacities only, so a
+  // recorded step stays valid as the context grows
+  p.span = int(std::max<int64_t>(64, (capacity + 255) / 256));
+  p.splits = ceil_div(capacity, p.span);
+  Tensor partial = allocate(DType::f32, Shape{rows, args.n_heads, p.splits, args.head_dim + 2});
+  p.partial = partial.data_as<float>();
+  for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
+    p.seqs = SeqTable{};
+    p.seqs.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
+    for (int i = 0; i < p.seqs.n; ++i) {
+      const SeqRows& s = args.seqs[begin + size_t(i)];
+      const KvCacheView& c = args.caches[begin + size_t(i)];
+      p.seqs.seq[i] = SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(),
+                              c.slot_pos.data_as<int32_t>(), c.capacity, 0};
+    }
+    const dim3 grid(unsigned(p.splits), unsigned(p.n_kv_heads), unsigned(p.seqs.n));
+    if (args.head_dim <= 256)
+      decode_attention_kernel<1><<<grid, 128, 0, stream>>>(p);
+    else
+      decode_attention_kernel<2><<<grid, 128, 0, stream>>>(p);
+    const int64_t first = p.seqs.seq[0].row_begin;
+    const int64_t last = p.seqs.seq[p.seqs.n - 1].row_begin + p.seqs.seq[p.seqs.n - 1].n_rows;
+    decode_combine_kernel<<<dim3(unsigned(last - first), unsigned(p.n_heads)), 128, 0, stream>>>(p, first);
+  }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t stream) {
   assert(args.q.dtype() == DType::bf16 && args.q.contiguous());
+  bool decode = args.head_dim % 8 == 0 && args.head_dim <= 512;
+  for (const SeqRows& s : args.seqs) decode = decode && s.n_rows <= kDecodeMaxRows;
+  if (decode) {
+    decode_attention(args, allocate, stream);
+    return;
+  }
   const int group = args.n_heads / args.n_kv_heads;
   const int bq = rows_per_tile(args.head_dim);
   AttnParams params{};

@@ -301,6 +301,10 @@ class CudaBackend final : public Backend {
       input = alloc(w.dtype(), Shape{m, k});
       cuda::convert(x, input, stream_);
     }
+    if (cuda::small_matmul(input, w, out, stream_)) {
+      after_launch("small_matmul");
+      return;
+    }
     const int64_t ldc = out.cols() == n ? out.row_stride() : n;
     const float alpha = 1.0f, beta = 0.0f;
     // row-major out[m,n] = x[m,k] · w[n,k]ᵀ is column-major outᵀ[n,m] = w(ᵀ of [k,n]) · xᵀ
@@ -360,7 +364,7 @@ class CudaBackend final : public Backend {
     after_launch("kv_write");
   }
   void attention(const AttentionArgs& args) override {
-    cuda::attention(args, stream_);
+    cuda::attention(args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("attention");
   }
   void causal_conv1d(const CausalConvArgs& args) override {

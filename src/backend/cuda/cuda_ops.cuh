@@ -11,6 +11,10 @@ namespace kiln::cuda {
 
 using Allocate = std::function<Tensor(DType, Shape)>;
 
+// cuda_gemv.cu: out[m, n] = x[m, k] · w[n, k]ᵀ for a few rows (decode), bf16 weights; false when
+// the shapes are not ones it handles (the caller then uses cuBLAS)
+bool small_matmul(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream);
+
 // cuda_elementwise.cu
 void fill(Tensor& t, float value, cudaStream_t stream);
 void convert(const Tensor& src, Tensor& dst, cudaStream_t stream);  // any float dtype to any float dtype
@@ -29,7 +33,7 @@ void argmax(const Tensor& x, Tensor& out, cudaStream_t stream);
 // cuda_attention.cu
 void rope(const RopeArgs& args, cudaStream_t stream);
 void kv_write(const KvWriteArgs& args, cudaStream_t stream);
-void attention(const AttentionArgs& args, cudaStream_t stream);
+void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t stream);
 
 // cuda_recurrent.cu
 void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream);

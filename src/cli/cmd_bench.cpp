@@ -26,6 +26,7 @@ struct BenchOptions {
   int runs = 3;
   bool json = false;
   bool matmul_peak = true;
+  bool profile = false;
   RunOptions run;
 };
 
@@ -126,6 +127,30 @@ Status run_bench(const BenchOptions& o) {
   const double prefill_rate = flops / (prefill_ms * 1e-3);
   const size_t peak_memory = backend->peak_memory_bytes();
 
+  std::string profile_prefill, profile_decode;
+  if (o.profile) {  // one prefill and a few decode steps issued op by op, each op timed
+    std::vector<std::unique_ptr<SequenceState>> seqs;
+    std::vector<SeqChunk> chunks;
+    for (const auto& p : prompts) {
+      KILN_ASSIGN(auto s, model->new_sequence(o.prompt_len + 8));
+      seqs.push_back(std::move(s));
+      chunks.push_back({seqs.back().get(), p});
+    }
+    backend->set_profiling(true);
+    KILN_TRY(model->forward(chunks, LogitRows::last).ok() ? ok_status() : Status(make_error("profiled prefill failed")));
+    profile_prefill = backend->profile_report();
+    std::vector<int32_t> next(prompts.size(), 1);
+    backend->set_profiling(true);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<SeqChunk> one;
+      for (size_t i = 0; i < seqs.size(); ++i) one.push_back({seqs[i].get(), std::span(&next[i], 1)});
+      auto logits = model->forward(one, LogitRows::last);
+      if (!logits.ok()) return logits.error();
+    }
+    profile_decode = backend->profile_report();
+    backend->set_profiling(false);
+  }
+
   nlohmann::ordered_json j;
   j["model"] = o.model_dir;
   j["model_type"] = info.model_type;
@@ -152,6 +177,7 @@ Status run_bench(const BenchOptions& o) {
   j["peak_memory_bytes"] = peak_memory;
   if (o.json) {
     fmt::print("{}\n", j.dump(2));
+    if (o.profile) fmt::print(stderr, "prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
     return ok_status();
   }
   fmt::print("kiln bench: {} ({}, {:.2f} GB of weights) on {}\n", o.model_dir, info.model_type,
@@ -167,6 +193,8 @@ Status run_bench(const BenchOptions& o) {
   fmt::print("  decode reads         {:10.2f} GB/step  {:.0f} GB/s = {:.1f}% of {:.0f} GB/s copy bandwidth\n",
              double(step_bytes) / 1e9, achieved_bw / 1e9, 100.0 * achieved_bw / copy_bw, copy_bw / 1e9);
   fmt::print("  peak device memory   {:10.2f} GiB\n", double(peak_memory) / double(1 << 30));
+  if (o.profile)
+    fmt::print("prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
   return ok_status();
 }
 
@@ -182,6 +210,7 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_option("--runs", options->runs, "Timed runs (after one warm-up)")->check(CLI::Range(1, 100));
   cmd->add_flag("--json", options->json, "Print the figures as JSON");
   cmd->add_flag("!--no-matmul-peak", options->matmul_peak, "Skip measuring the matrix-product peak");
+  cmd->add_flag("--profile", options->profile, "Also time every op of one prefill and a few decode steps");
   add_run_options(*cmd, options->run);
   cmd->callback([options, &action] { action = [options] { return run_bench(*options); }; });
 }

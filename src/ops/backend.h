@@ -62,6 +62,10 @@ class Backend {
   // memory roofline a benchmark compares decode against.
   virtual double copy_bandwidth() = 0;
   virtual Result<std::unique_ptr<Graph>> capture(const std::function<Status()>& record) = 0;
+  // Per-op device time while profiling is on (each op timed with device events); the report is a
+  // table of time by op since profiling was switched on. Backends may leave it empty.
+  virtual void set_profiling(bool on) {}
+  virtual std::string profile_report() { return ""; }
 
   // The first device error since creation (a failed allocation or launch), which makes later
   // results meaningless; ok while none happened.

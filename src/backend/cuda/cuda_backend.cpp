@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -97,6 +98,25 @@ class CudaGraph final : public Backend::Graph {
 
 class CudaBackend final : public Backend {
  public:
+  // Times one op with device events while profiling is on.
+  struct OpTimer {
+    CudaBackend* backend;
+    const char* name;
+    cudaEvent_t begin = nullptr;
+    OpTimer(CudaBackend* b, const char* n) : backend(b), name(n) {
+      if (!backend->profiling_) return;
+      cudaEventCreate(&begin);
+      cudaEventRecord(begin, backend->stream_);
+    }
+    ~OpTimer() {
+      if (!begin) return;
+      cudaEvent_t end = nullptr;
+      cudaEventCreate(&end);
+      cudaEventRecord(end, backend->stream_);
+      backend->timings_.push_back({name, begin, end});
+    }
+  };
+
   explicit CudaBackend(int device) : device_(device) {}
   ~CudaBackend() override {
     if (cublas_) cublasDestroy(cublas_);
@@ -199,6 +219,34 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
 
+  void set_profiling(bool on) override {
+    profiling_ = on && !arena_;
+    if (on) timings_.clear();
+  }
+
+  std::string profile_report() override {
+    cudaStreamSynchronize(stream_);
+    std::map<std::string, std::pair<double, int>> by_op;
+    double total = 0;
+    for (const Timing& t : timings_) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, t.begin, t.end);
+      by_op[t.name].first += ms;
+      by_op[t.name].second += 1;
+      total += ms;
+      cudaEventDestroy(t.begin);
+      cudaEventDestroy(t.end);
+    }
+    timings_.clear();
+    std::vector<std::pair<std::string, std::pair<double, int>>> rows(by_op.begin(), by_op.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    std::string out = fmt::format("  {:<20} {:>10} {:>8} {:>10} {:>6}\n", "op", "ms", "calls", "us/call", "share");
+    for (const auto& [name, v] : rows)
+      out += fmt::format("  {:<20} {:>10.3f} {:>8} {:>10.1f} {:>5.1f}%\n", name, v.first, v.second,
+                         1000.0 * v.first / v.second, 100.0 * v.first / std::max(total, 1e-9));
+    return out;
+  }
+
   std::unique_ptr<Timer> timer() override {
     struct EventTimer : Timer {
       cudaStream_t stream;
@@ -294,6 +342,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+    OpTimer timed(this, "matmul");
     const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
     if (m == 0) return;
     Tensor input = x;
@@ -315,71 +364,88 @@ class CudaBackend final : public Backend {
     if (st != CUBLAS_STATUS_SUCCESS) record(fmt::format("cublasGemmEx failed ({}) for {}x{}x{}", int(st), m, n, k));
   }
   void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {
+    OpTimer timed(this, "embed");
     cuda::embed(ids, table, scale, out, stream_);
     after_launch("embed");
   }
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) override {
+    OpTimer timed(this, "rms_norm");
     cuda::rms_norm(x, weight, eps, weight_offset, out, stream_);
     after_launch("rms_norm");
   }
   void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override {
+    OpTimer timed(this, "rms_norm_gated");
     cuda::rms_norm_gated(x, z, weight, eps, out, stream_);
     after_launch("rms_norm_gated");
   }
   void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) override {
+    OpTimer timed(this, "add");
     cuda::add(a, b, scale, out, stream_);
     after_launch("add");
   }
   void scale(const Tensor& x, float s, Tensor& out) override {
+    OpTimer timed(this, "scale");
     cuda::scale(x, s, out, stream_);
     after_launch("scale");
   }
   void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override {
+    OpTimer timed(this, "glu");
     cuda::glu(gate, up, act, out, stream_);
     after_launch("glu");
   }
   void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) override {
+    OpTimer timed(this, "sigmoid_mul");
     cuda::sigmoid_mul(x, gate, out, stream_);
     after_launch("sigmoid_mul");
   }
   void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) override {
+    OpTimer timed(this, "add_sigmoid_gated");
     cuda::add_sigmoid_gated(acc, x, gate, stream_);
     after_launch("add_sigmoid_gated");
   }
   void softcap(Tensor& x, float cap) override {
+    OpTimer timed(this, "softcap");
     cuda::softcap(x, cap, stream_);
     after_launch("softcap");
   }
   void argmax(const Tensor& x, Tensor& out) override {
+    OpTimer timed(this, "argmax");
     cuda::argmax(x, out, stream_);
     after_launch("argmax");
   }
 
   void rope(const RopeArgs& args) override {
+    OpTimer timed(this, "rope");
     cuda::rope(args, stream_);
     after_launch("rope");
   }
   void kv_write(const KvWriteArgs& args) override {
+    OpTimer timed(this, "kv_write");
     cuda::kv_write(args, stream_);
     after_launch("kv_write");
   }
   void attention(const AttentionArgs& args) override {
+    OpTimer timed(this, "attention");
     cuda::attention(args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("attention");
   }
   void causal_conv1d(const CausalConvArgs& args) override {
+    OpTimer timed(this, "causal_conv1d");
     cuda::causal_conv1d(args, stream_);
     after_launch("causal_conv1d");
   }
   void gated_delta(const GatedDeltaArgs& args) override {
+    OpTimer timed(this, "gated_delta");
     cuda::gated_delta(args, stream_);
     after_launch("gated_delta");
   }
   void moe_route(const MoeRouteArgs& args) override {
+    OpTimer timed(this, "moe_route");
     cuda::moe_route(args, stream_);
     after_launch("moe_route");
   }
   void moe_experts(const MoeExpertsArgs& args) override {
+    OpTimer timed(this, "moe_experts");
     cuda::moe_experts(
         args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("moe_experts");
@@ -404,6 +470,12 @@ class CudaBackend final : public Backend {
   mutable std::mutex error_mutex_;
   std::string first_error_;
   std::shared_ptr<Arena> arena_;  // set while recording a graph
+  struct Timing {
+    const char* name;
+    cudaEvent_t begin, end;
+  };
+  bool profiling_ = false;
+  std::vector<Timing> timings_;
   static constexpr size_t kCublasWorkspace = size_t(64) << 20;
   void* cublas_workspace_ = nullptr;
   size_t arena_bytes_ = 0;

@@ -481,9 +481,9 @@ void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaS
     capacity = std::max(capacity, args.caches[i].capacity);
     rows = std::max(rows, args.seqs[i].row_begin + args.seqs[i].n_rows);
   }
-  // spans of 64 slots, at most 256 of them: the split count depends on capacities only, so a
-  // recorded step stays valid as the context grows
-  p.span = int(std::max<int64_t>(64, (capacity + 255) / 256));
+  // spans of 16 slots, at most 1024 of them: many short spans keep every SM busy at batch 1; the
+  // split count depends on capacities only, so a recorded step stays valid as the context grows
+  p.span = int(std::max<int64_t>(16, (capacity + 1023) / 1024));
   p.splits = ceil_div(capacity, p.span);
   Tensor partial = allocate(DType::f32, Shape{rows, args.n_heads, p.splits, args.head_dim + 2});
   p.partial = partial.data_as<float>();

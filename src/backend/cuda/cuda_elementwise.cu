@@ -68,6 +68,31 @@ __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* w
   }
 }
 
+// Long rows (hidden-size norms of a few tokens): a block per row, so the row's loads are spread
+// over many warps instead of one warp's long serial loop.
+template <typename T, bool kGated>
+__global__ void rms_norm_row_kernel(Rows<const T> x, Rows<const T> z, const float* weight, Rows<T> out, int64_t cols,
+                                    float eps, float offset) {
+  const int64_t r = blockIdx.x;
+  const T* in = x.row(r);
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = to_float(in[c]);
+    sum += v * v;
+  }
+  sum = block_sum(sum);
+  const float inv = rsqrtf(sum / float(cols) + eps);
+  T* o = out.row(r);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = to_float(in[c]) * inv;
+    if (weight) v *= weight[c] + offset;
+    if constexpr (kGated) v *= silu(to_float(z.row(r)[c]));
+    o[c] = from_float<T>(v);
+  }
+}
+
+constexpr int64_t kLongRow = 1024;
+
 enum class Binary { add, glu_silu, glu_gelu, sigmoid_mul };
 
 template <typename T, Binary kOp>
@@ -187,6 +212,11 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
   const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    if (x.cols() >= kLongRow) {
+      rms_norm_row_kernel<T, false><<<int(rows), 256, 0, stream>>>(rows_of<const T>(x), Rows<const T>{nullptr, 0}, w,
+                                                                  rows_of<T>(out), x.cols(), eps, weight_offset);
+      return;
+    }
     rms_norm_kernel<T, false><<<ceil_div(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
         rows_of<const T>(x), Rows<const T>{nullptr, 0}, w, rows_of<T>(out), rows, x.cols(), eps, weight_offset);
   });

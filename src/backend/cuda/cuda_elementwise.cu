@@ -53,6 +53,7 @@ __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* w
   if (r >= rows) return;
   const T* in = x.row(r);
   float sum = 0;
+#pragma unroll 8  // independent loads: keep several in flight
   for (int64_t c = lane; c < cols; c += 32) {
     const float v = to_float(in[c]);
     sum += v * v;
@@ -60,6 +61,7 @@ __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* w
   sum = warp_sum(sum);
   const float inv = rsqrtf(sum / float(cols) + eps);
   T* o = out.row(r);
+#pragma unroll 8
   for (int64_t c = lane; c < cols; c += 32) {
     float v = to_float(in[c]) * inv;
     if (weight) v *= weight[c] + offset;
@@ -76,6 +78,7 @@ __global__ void rms_norm_row_kernel(Rows<const T> x, Rows<const T> z, const floa
   const int64_t r = blockIdx.x;
   const T* in = x.row(r);
   float sum = 0;
+#pragma unroll 8
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float v = to_float(in[c]);
     sum += v * v;
@@ -83,6 +86,7 @@ __global__ void rms_norm_row_kernel(Rows<const T> x, Rows<const T> z, const floa
   sum = block_sum(sum);
   const float inv = rsqrtf(sum / float(cols) + eps);
   T* o = out.row(r);
+#pragma unroll 8
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     float v = to_float(in[c]) * inv;
     if (weight) v *= weight[c] + offset;

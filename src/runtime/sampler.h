@@ -1,0 +1,39 @@
+// Choosing the next token from logits: penalties, temperature, top-k, top-p, min-p, and a seeded
+// random draw (greedy when the temperature is 0). Reproducible: same seed, same choices.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace kiln {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy
+  int top_k = 0;                    // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
+  float repetition_penalty = 1.0f;  // transformers': divide positive logits, multiply negative ones
+  float presence_penalty = 0.0f;    // OpenAI's: subtract once for every token already present
+  float frequency_penalty = 0.0f;   // OpenAI's: subtract per occurrence
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}
+
+  // `history`: the tokens the penalties look at (prompt and generated so far).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+  std::vector<int32_t> order_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,78 @@
+// Sampling and stop strings.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "runtime/sampler.h"
+#include "runtime/stop_strings.h"
+
+namespace kiln {
+namespace {
+
+TEST(Sampler, GreedyAndPenalties) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, -1.0f};
+  Sampler greedy({.temperature = 0.0f});
+  EXPECT_EQ(greedy.sample(logits, {}), 1);
+  // repetition penalty 2 halves token 1's logit to 1.5 < 2.0
+  Sampler rep({.temperature = 0.0f, .repetition_penalty = 2.0f});
+  const std::vector<int32_t> seen = {1};
+  EXPECT_EQ(rep.sample(logits, seen), 2);
+  Sampler freq({.temperature = 0.0f, .frequency_penalty = 0.6f});
+  const std::vector<int32_t> twice = {1, 1};
+  EXPECT_EQ(freq.sample(logits, twice), 2);  // 3 - 1.2 = 1.8
+  Sampler presence({.temperature = 0.0f, .presence_penalty = 0.5f});
+  EXPECT_EQ(presence.sample(logits, twice), 1);  // 3 - 0.5 = 2.5
+}
+
+TEST(Sampler, SameSeedSameChoices) {
+  std::vector<float> logits(50);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(float(i));
+  auto run = [&](uint64_t seed) {
+    Sampler s({.temperature = 1.0f, .top_k = 20, .top_p = 0.9f, .seed = seed});
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits, {}));
+    return out;
+  };
+  EXPECT_EQ(run(7), run(7));
+  EXPECT_NE(run(7), run(8));
+}
+
+TEST(Sampler, TruncationsKeepOnlyTheirCandidates) {
+  const std::vector<float> logits = {0.0f, 5.0f, 4.9f, 1.0f, 4.8f};
+  Sampler top_k({.temperature = 1.0f, .top_k = 2, .seed = 1});
+  Sampler min_p({.temperature = 1.0f, .min_p = 0.5f, .seed = 2});
+  Sampler top_p({.temperature = 1.0f, .top_p = 0.3f, .seed = 3});
+  std::map<int32_t, int> k, m, p;
+  for (int i = 0; i < 2000; ++i) {
+    ++k[top_k.sample(logits, {})];
+    ++m[min_p.sample(logits, {})];
+    ++p[top_p.sample(logits, {})];
+  }
+  EXPECT_EQ(k.size(), 2u);
+  EXPECT_TRUE(k.count(1) && k.count(2));
+  EXPECT_EQ(m.size(), 3u);  // 5.0, 4.9, 4.8 are within a factor 2 of the best
+  EXPECT_EQ(p.size(), 1u);  // the best alone holds 30% of the mass
+  // temperature 1 over {5.0, 4.9}: frequencies near e^0.1 : 1
+  EXPECT_NEAR(double(k[1]) / double(k[2]), std::exp(0.1), 0.15);
+}
+
+TEST(StopMatcher, AcrossPiecesAndHeldBack) {
+  StopMatcher m({"</end>", "STOP"});
+  std::string shown;
+  for (const std::string piece : {"Hello <", "/e", "n", "d> never"}) shown += m.push(piece);
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(shown, "Hello ");
+  EXPECT_EQ(m.matched(), "</end>");
+
+  StopMatcher n({"STOP"});
+  std::string out = n.push("abc ST");
+  EXPECT_EQ(out, "abc ");  // "ST" might still become STOP
+  out += n.push("ILL going");
+  out += n.flush();
+  EXPECT_FALSE(n.stopped());
+  EXPECT_EQ(out, "abc STILL going");
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,830 @@
+// jinja2's built-in filters (filters.py) with transformers' tojson, evaluated eagerly. Filters
+// that return generators in jinja2 (map, select, reject, selectattr, rejectattr, unique, batch,
+// slice, items, reverse) return one-shot Iterator values, so that truthiness, len() and repeated
+// iteration behave as they do in Python.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+
+#include "text/jinja/arguments.h"
+#include "text/jinja/builtins.h"
+#include "text/jinja/json.h"
+#include "text/jinja/operators.h"
+#include "text/jinja/pystr.h"
+#include "text/jinja/renderer.h"
+
+namespace kiln::jinja {
+
+namespace {
+
+Value soft_str(const Value& v) {
+  return v.is_string() ? v : Value::string(to_str(v));
+}
+
+Value generator(List items, std::string type = "generator") {
+  return Value::object(std::make_shared<Iterator>(std::move(items), std::move(type)));
+}
+
+// jinja2's make_attrgetter: a dotted path ("a.b.0"), each part looked up with getitem; digit parts
+// are integers. `fallback` replaces undefined steps; `lowercase` is the ignore_case postprocess.
+Value attribute_path(Renderer& r, Value item, const Value& attribute, const Value* fallback, bool lowercase) {
+  std::vector<Value> parts;
+  if (attribute.is_string()) {
+    for (std::string& part : py::split(attribute.as_string(), std::string("."), -1)) {
+      bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+      parts.push_back(digits && part.size() < 18 ? Value::integer(std::stoll(part)) : Value::string(std::move(part)));
+    }
+  } else if (!attribute.is_none()) {
+    parts.push_back(attribute);
+  }
+  for (const Value& part : parts) {
+    item = r.get_item(item, part);
+    if (fallback && !fallback->is_none() && item.is_undefined()) item = *fallback;
+  }
+  if (lowercase && item.is_string()) item = Value::string(py::lower(item.as_string()));
+  return item;
+}
+
+// make_multi_attrgetter: comma-separated paths, giving a list of keys.
+Value multi_attribute_key(Renderer& r, const Value& item, const Value& attribute, bool lowercase) {
+  List keys;
+  if (attribute.is_string()) {
+    for (std::string& path : py::split(attribute.as_string(), std::string(","), -1))
+      keys.push_back(attribute_path(r, item, Value::string(std::move(path)), nullptr, lowercase));
+  } else {
+    keys.push_back(attribute_path(r, item, attribute, nullptr, lowercase));
+  }
+  return Value::list(std::move(keys));
+}
+
+// Python's sorted(items, key=..., reverse=...): stable in both directions.
+void sort_by_keys(List& items, List keys, bool reverse) {
+  std::vector<size_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return reverse ? less_than(keys[b], keys[a]) : less_than(keys[a], keys[b]);
+  });
+  List sorted;
+  sorted.reserve(items.size());
+  for (size_t i : order) sorted.push_back(std::move(items[i]));
+  items = std::move(sorted);
+}
+
+bool parse_python_int(std::string text, int base, int64_t& out) {
+  text = py::strip(text, std::nullopt);
+  size_t i = 0;
+  bool negative = false;
+  if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
+  auto prefix_base = [&](char c) { return c == 'x' ? 16 : c == 'o' ? 8 : c == 'b' ? 2 : 0; };
+  if (i + 1 < text.size() && text[i] == '0') {
+    int p = prefix_base(char(text[i + 1] | 0x20));
+    if (p && (base == 0 || base == p)) {
+      base = p;
+      i += 2;
+      if (i < text.size() && text[i] == '_') ++i;
+    }
+  }
+  if (base == 0) {
+    base = 10;
+    // Base 0 rejects leading zeros in a non-zero decimal ("010").
+    size_t j = i;
+    while (j < text.size() && (text[j] == '0' || text[j] == '_')) ++j;
+    if (j < text.size() && j > i && text[i] == '0') return false;
+  }
+  if (base < 2 || base > 36 || i >= text.size()) return false;
+  __int128 value = 0;
+  bool previous_digit = false;
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '_') {
+      if (!previous_digit || i + 1 >= text.size()) return false;
+      previous_digit = false;
+      continue;
+    }
+    int d = (c >= '0' && c <= '9') ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'z' ? (c | 0x20) - 'a' + 10 : 99;
+    if (d >= base) return false;
+    value = value * base + d;
+    if (value > (__int128)INT64_MAX + 1) return false;
+    previous_digit = true;
+  }
+  if (!previous_digit) return false;
+  if (negative) value = -value;
+  if (value > INT64_MAX || value < INT64_MIN) return false;
+  out = int64_t(value);
+  return true;
+}
+
+bool parse_python_float(const std::string& input, double& out) {
+  std::string text = py::strip(input, std::nullopt);
+  std::string lowered = py::lower(text);
+  std::string body = lowered;
+  if (!body.empty() && (body[0] == '+' || body[0] == '-')) body = body.substr(1);
+  if (body == "inf" || body == "infinity" || body == "nan") {
+    out = body == "nan" ? NAN : INFINITY;
+    if (lowered[0] == '-') out = -out;
+    return true;
+  }
+  // [sign] digits [. digits] [e [sign] digits], with single underscores between digits.
+  std::string clean;
+  size_t i = 0;
+  if (i < text.size() && (text[i] == '+' || text[i] == '-')) clean.push_back(text[i++]);
+  bool digits = false, point = false, exponent = false;
+  char previous = '\0';
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (c >= '0' && c <= '9') {
+      digits = true;
+      clean.push_back(c);
+    } else if (c == '_') {
+      if (!(previous >= '0' && previous <= '9') || i + 1 >= text.size() || !(text[i + 1] >= '0' && text[i + 1] <= '9'))
+        return false;
+    } else if (c == '.' && !point && !exponent) {
+      point = true;
+      clean.push_back(c);
+    } else if ((c == 'e' || c == 'E') && digits && !exponent) {
+      exponent = true;
+      clean.push_back('e');
+      if (i + 1 < text.size() && (text[i + 1] == '+' || text[i + 1] == '-')) clean.push_back(text[++i]);
+      if (i + 1 >= text.size()) return false;
+      digits = false;
+    } else {
+      return false;
+    }
+    previous = c;
+  }
+  if (!digits) return false;
+  out = std::strtod(clean.c_str(), nullptr);
+  return true;
+}
+
+// --- the filters ---------------------------------------------------------------------------------
+
+Value filter_abs(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("abs", args, {});
+  if (v.is_int() || v.is_bool()) {
+    if (v.as_int() == INT64_MIN) fail(FailureKind::limit, "integer overflow (kiln's integers are 64-bit)");
+    return Value::integer(std::llabs(v.as_int()));
+  }
+  if (v.is_float()) return Value::floating(std::fabs(v.as_double()));
+  type_error("bad operand type for abs(): '{}'", type_name(v));
+}
+
+Value filter_attr(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("attr", args, {{"name", {}}});
+  if (v.is_undefined()) fail_undefined(v);
+  if (!a[0].is_string()) type_error("attribute name must be string, not '{}'", type_name(a[0]));
+  const std::string& name = a[0].as_string();
+  if (name.rfind("__", 0) == 0 || v.is_object()) return r.get_attribute(v, name);
+  bool found = false;
+  Value attribute = python_attribute(v, name, found);
+  if (found) return attribute;
+  return Value::undefined(fmt::format("'{} object' has no attribute '{}'", type_name(v), name));
+}
+
+Value filter_batch(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("batch", args, {{"linecount", {}}, {"fill_with", Value::none()}});
+  List batches, current;
+  for (Value& item : iterate(v)) {
+    if (equals(Value::integer(int64_t(current.size())), a[0])) {
+      batches.push_back(Value::list(std::move(current)));
+      current.clear();
+    }
+    current.push_back(std::move(item));
+  }
+  if (!current.empty()) {
+    if (!a[1].is_none()) {
+      int64_t want = integer_argument("batch", a[0]);
+      while (int64_t(current.size()) < want) current.push_back(a[1]);
+    }
+    batches.push_back(Value::list(std::move(current)));
+  }
+  return generator(std::move(batches));
+}
+
+Value filter_capitalize(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("capitalize", args, {});
+  Value s = soft_str(v);
+  return Value::string(py::capitalize(s.as_string()), s.is_markup());
+}
+
+Value filter_center(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("center", args, {{"width", Value::integer(80)}});
+  Value s = soft_str(v);
+  int64_t width = integer_argument("center", a[0]);
+  r.check_string(size_t(std::max<int64_t>(width, 0)));
+  return Value::string(py::center(s.as_string(), width, U' '), s.is_markup());
+}
+
+Value filter_default(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("default", args, {{"default_value", Value::string("")}, {"boolean", Value::boolean(false)}});
+  if (v.is_undefined() || (truthy(a[1]) && !truthy(v))) return a[0];
+  return v;
+}
+
+Value filter_dictsort(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments(
+      "dictsort", args,
+      {{"case_sensitive", Value::boolean(false)}, {"by", Value::string("key")}, {"reverse", Value::boolean(false)}});
+  if (v.is_undefined()) fail_undefined(v);
+  if (!v.is_dict()) type_error("'{}' object has no attribute 'items'", type_name(v));
+  size_t position;
+  if (a[1].is_string() && a[1].as_string() == "key") {
+    position = 0;
+  } else if (a[1].is_string() && a[1].as_string() == "value") {
+    position = 1;
+  } else {
+    fail(FailureKind::runtime, "You can only sort by either \"key\" or \"value\"");
+  }
+  List items, keys;
+  for (const auto& [key, value] : v.as_dict().items()) {
+    items.push_back(Value::tuple({key, value}));
+    Value k = position == 0 ? key : value;
+    if (!truthy(a[0]) && k.is_string()) k = Value::string(py::lower(k.as_string()));
+    keys.push_back(std::move(k));
+  }
+  sort_by_keys(items, std::move(keys), truthy(a[2]));
+  return Value::list(std::move(items));
+}
+
+Value filter_escape(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("escape", args, {});
+  if (v.is_markup()) return v;
+  return Value::string(py::escape_html(to_str(v)), true);
+}
+
+Value filter_forceescape(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("forceescape", args, {});
+  return Value::string(py::escape_html(to_str(v)), true);
+}
+
+Value filter_first(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("first", args, {});
+  if (auto* iterator = v.object_as<Iterator>()) {
+    Value item;
+    if (iterator->take_one(item)) return item;
+  } else {
+    List items = iterate(v);
+    if (!items.empty()) return items.front();
+  }
+  return Value::undefined("No first item, sequence was empty.");
+}
+
+Value filter_float(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("float", args, {{"default", Value::floating(0.0)}});
+  if (v.is_number()) return Value::floating(v.as_double());
+  double parsed;
+  if (v.is_string() && parse_python_float(v.as_string(), parsed)) return Value::floating(parsed);
+  return a[0];
+}
+
+Value filter_format(Renderer&, const Value& v, CallArgs& args) {
+  if (!args.positional.empty() && !args.keyword.empty())
+    fail(FailureKind::runtime, "can't handle positional and keyword arguments at the same time");
+  Value format_args;
+  if (!args.keyword.empty()) {
+    Dict kwargs;
+    for (const auto& [name, value] : args.keyword) kwargs.set(Value::string(name), value);
+    format_args = Value::dict(std::move(kwargs));
+  } else {
+    format_args = Value::tuple(args.positional);
+  }
+  Value s = soft_str(v);
+  return Value::string(percent_format(s.as_string(), format_args), s.is_markup());
+}
+
+Value filter_indent(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments(
+      "indent", args,
+      {{"width", Value::integer(4)}, {"first", Value::boolean(false)}, {"blank", Value::boolean(false)}});
+  if (v.is_undefined()) fail_undefined(v);
+  if (!v.is_string()) type_error("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v));
+  std::string indention;
+  if (a[0].is_string()) {
+    indention = a[0].as_string();
+  } else {
+    int64_t width = integer_argument("indent", a[0]);
+    r.check_string(size_t(std::max<int64_t>(width, 0)));
+    indention = std::string(size_t(std::max<int64_t>(width, 0)), ' ');
+  }
+  std::vector<std::string> lines = py::splitlines(v.as_string() + "\n", false);
+  std::string out;
+  if (truthy(a[2])) {
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i) out += "\n" + indention;
+      out += lines[i];
+    }
+  } else {
+    out = lines.empty() ? "" : lines[0];
+    for (size_t i = 1; i < lines.size(); ++i) {
+      out += "\n";
+      if (!lines[i].empty()) out += indention;
+      out += lines[i];
+      r.check_string(out.size());
+    }
+  }
+  if (truthy(a[1])) out = indention + out;
+  r.check_string(out.size());
+  return Value::string(std::move(out), v.is_markup());
+}
+
+Value filter_int(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("int", args, {{"default", Value::integer(0)}, {"base", Value::integer(10)}});
+  if (v.is_int() || v.is_bool()) return Value::integer(v.as_int());
+  if (v.is_float()) {
+    double f = v.as_double();
+    if (std::isnan(f)) return a[0];
+    if (std::isinf(f)) fail(FailureKind::runtime, "cannot convert float infinity to integer");
+    if (std::fabs(f) >= 9.2e18) fail(FailureKind::limit, "integer overflow (kiln's integers are 64-bit)");
+    return Value::integer(int64_t(f));
+  }
+  if (v.is_string()) {
+    int64_t parsed;
+    int base = a[1].is_int() ? int(std::clamp<int64_t>(a[1].as_int(), -1, 99)) : 10;
+    if (parse_python_int(v.as_string(), base, parsed)) return Value::integer(parsed);
+    // jinja2's quirk: "42.23"|int is 42, through float().
+    double f;
+    if (parse_python_float(v.as_string(), f) && std::isfinite(f) && std::fabs(f) < 9.2e18)
+      return Value::integer(int64_t(f));
+  }
+  return a[0];
+}
+
+Value filter_items(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("items", args, {});
+  if (v.is_undefined()) return generator({});
+  if (!v.is_dict()) fail(FailureKind::runtime, "Can only get item pairs from a mapping.");
+  List pairs;
+  for (const auto& [key, value] : v.as_dict().items()) pairs.push_back(Value::tuple({key, value}));
+  return generator(std::move(pairs));
+}
+
+Value filter_join(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("join", args, {{"d", Value::string("")}, {"attribute", Value::none()}});
+  std::string separator = to_str(a[0]), out;
+  List items = iterate(v);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += separator;
+    out += to_str(a[1].is_none() ? items[i] : attribute_path(r, items[i], a[1], nullptr, false));
+    r.check_string(out.size());
+  }
+  return Value::string(std::move(out));
+}
+
+Value filter_last(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("last", args, {});
+  if (v.is_object() || v.is_number() || v.is_none()) type_error("'{}' object is not reversible", type_name(v));
+  List items = iterate(v);
+  if (items.empty()) return Value::undefined("No last item, sequence was empty.");
+  return items.back();
+}
+
+Value filter_length(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("length", args, {});
+  if (auto* loop = v.object_as<LoopState>()) return Value::integer(int64_t(loop->items.size()));
+  return Value::integer(length(v));
+}
+
+Value filter_list(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("list", args, {});
+  return Value::list(iterate(v));
+}
+
+Value filter_lower(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("lower", args, {});
+  Value s = soft_str(v);
+  return Value::string(py::lower(s.as_string()), s.is_markup());
+}
+
+Value filter_upper(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("upper", args, {});
+  Value s = soft_str(v);
+  return Value::string(py::upper(s.as_string()), s.is_markup());
+}
+
+Value filter_map(Renderer& r, const Value& v, CallArgs& args) {
+  if (!truthy(v)) return generator({});
+  List items = iterate(v);
+  List out;
+  out.reserve(items.size());
+  bool has_attribute = false;
+  for (const auto& [name, value] : args.keyword) has_attribute = has_attribute || name == "attribute";
+  if (args.positional.empty() && has_attribute) {
+    Value attribute, fallback = Value::none();
+    for (const auto& [name, value] : args.keyword) {
+      if (name == "attribute")
+        attribute = value;
+      else if (name == "default")
+        fallback = value;
+      else
+        fail(FailureKind::runtime, "Unexpected keyword argument '{}'", name);
+    }
+    for (const Value& item : items) out.push_back(attribute_path(r, item, attribute, &fallback, false));
+    return generator(std::move(out));
+  }
+  if (args.positional.empty()) fail(FailureKind::runtime, "map requires a filter argument");
+  Value name = args.positional.front();
+  CallArgs rest;
+  rest.positional.assign(args.positional.begin() + 1, args.positional.end());
+  rest.keyword = args.keyword;
+  if (!name.is_string()) fail(FailureKind::runtime, "No filter named {} found.", to_repr(name));
+  for (const Value& item : items) {
+    CallArgs call = rest;
+    out.push_back(r.apply_filter(name.as_string(), item, call));
+  }
+  return generator(std::move(out));
+}
+
+// select / reject / selectattr / rejectattr (jinja2's select_or_reject).
+Value select_or_reject(Renderer& r, const Value& v, CallArgs& args, bool keep_matches, bool by_attribute) {
+  if (!truthy(v)) return generator({});
+  size_t offset = 0;
+  Value attribute;
+  if (by_attribute) {
+    if (args.positional.empty()) fail(FailureKind::runtime, "Missing parameter for attribute name");
+    attribute = args.positional[0];
+    offset = 1;
+  }
+  std::optional<std::string> test;
+  CallArgs test_args;
+  if (args.positional.size() > offset) {
+    const Value& name = args.positional[offset];
+    if (!name.is_string()) fail(FailureKind::runtime, "No test named {} found.", to_repr(name));
+    test = name.as_string();
+    test_args.positional.assign(args.positional.begin() + static_cast<std::ptrdiff_t>(offset) + 1,
+                                args.positional.end());
+    test_args.keyword = args.keyword;
+  }
+  List out;
+  for (Value& item : iterate(v)) {
+    Value subject = by_attribute ? attribute_path(r, item, attribute, nullptr, false) : item;
+    bool passed;
+    if (test) {
+      CallArgs call = test_args;
+      passed = r.apply_test(*test, subject, call);
+    } else {
+      passed = truthy(subject);
+    }
+    if (passed == keep_matches) out.push_back(std::move(item));
+  }
+  return generator(std::move(out));
+}
+
+Value filter_select(Renderer& r, const Value& v, CallArgs& args) {
+  return select_or_reject(r, v, args, true, false);
+}
+Value filter_reject(Renderer& r, const Value& v, CallArgs& args) {
+  return select_or_reject(r, v, args, false, false);
+}
+Value filter_selectattr(Renderer& r, const Value& v, CallArgs& args) {
+  return select_or_reject(r, v, args, true, true);
+}
+Value filter_rejectattr(Renderer& r, const Value& v, CallArgs& args) {
+  return select_or_reject(r, v, args, false, true);
+}
+
+Value min_or_max(Renderer& r, const Value& v, CallArgs& args, bool maximum) {
+  auto a = bind_arguments(maximum ? "max" : "min", args,
+                          {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
+  List items = iterate(v);
+  if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+  bool lowercase = !truthy(a[0]);
+  size_t best = 0;
+  Value best_key = attribute_path(r, items[0], a[1], nullptr, lowercase);
+  for (size_t i = 1; i < items.size(); ++i) {
+    Value key = attribute_path(r, items[i], a[1], nullptr, lowercase);
+    if (maximum ? less_than(best_key, key) : less_than(key, best_key)) {
+      best = i;
+      best_key = std::move(key);
+    }
+  }
+  return items[best];
+}
+
+Value filter_max(Renderer& r, const Value& v, CallArgs& args) {
+  return min_or_max(r, v, args, true);
+}
+Value filter_min(Renderer& r, const Value& v, CallArgs& args) {
+  return min_or_max(r, v, args, false);
+}
+
+Value filter_replace(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("replace", args, {{"old", {}}, {"new", {}}, {"count", Value::none()}});
+  int64_t count = a[2].is_none() ? -1 : integer_argument("replace", a[2]);
+  std::string out = py::replace(to_str(v), to_str(a[0]), to_str(a[1]), count);
+  r.check_string(out.size());
+  return Value::string(std::move(out));
+}
+
+Value filter_reverse(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("reverse", args, {});
+  if (v.is_string()) return slice(v, std::nullopt, std::nullopt, -1);
+  if (v.is_sequence() || v.is_dict() || v.is_undefined()) {
+    List items = iterate(v);
+    std::reverse(items.begin(), items.end());
+    std::string type = v.is_list() ? "list_reverseiterator" : v.is_dict() ? "dict_reversekeyiterator" : "reversed";
+    return generator(std::move(items), type);
+  }
+  if (v.object_as<Iterator>()) {
+    List items = iterate(v);
+    std::reverse(items.begin(), items.end());
+    return Value::list(std::move(items));
+  }
+  fail(FailureKind::runtime, "argument must be iterable");
+}
+
+// Python's round(x, n) for floats: correctly rounded, ties to even on the exact binary value.
+double round_to_digits(double x, int64_t digits) {
+  if (!std::isfinite(x)) return x;
+  if (digits >= 0) {
+    char buffer[512];
+    std::snprintf(buffer, sizeof buffer, "%.*f", int(std::min<int64_t>(digits, 340)), x);
+    return std::strtod(buffer, nullptr);
+  }
+  double scale = std::pow(10.0, double(-digits));
+  return std::nearbyint(x / scale) * scale;
+}
+
+Value filter_round(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("round", args, {{"precision", Value::integer(0)}, {"method", Value::string("common")}});
+  std::string method = a[1].is_string() ? a[1].as_string() : "";
+  if (method != "common" && method != "ceil" && method != "floor")
+    fail(FailureKind::runtime, "method must be common, ceil or floor");
+  int64_t precision = integer_argument("round", a[0]);
+  if (!v.is_number()) type_error("type {} doesn't define __round__ method", type_name(v));
+  if (method == "common") {
+    if (v.is_float()) return Value::floating(round_to_digits(v.as_double(), precision));
+    if (precision >= 0) return Value::integer(v.as_int());
+    // round(int, -n): to a multiple of 10**n, ties to even.
+    if (precision < -18) return Value::integer(0);
+    int64_t scale = 1;
+    for (int64_t i = 0; i < -precision; ++i) scale *= 10;
+    int64_t x = v.as_int(), q = x / scale, r = x % scale;
+    if (r < 0) r += scale, q -= 1;
+    if (2 * r > scale || (2 * r == scale && (q & 1))) q += 1;
+    return Value::integer(q * scale);
+  }
+  double scale = std::pow(10.0, double(precision));
+  double scaled = v.as_double() * scale;
+  if (!std::isfinite(scaled)) fail(FailureKind::runtime, "cannot convert float infinity to integer");
+  double rounded = method == "ceil" ? std::ceil(scaled) : std::floor(scaled);
+  return Value::floating(rounded / scale);
+}
+
+Value filter_safe(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("safe", args, {});
+  return Value::string(to_str(v), true);
+}
+
+Value filter_slice(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("slice", args, {{"slices", {}}, {"fill_with", Value::none()}});
+  List seq = iterate(v);
+  int64_t slices = integer_argument("slice", a[0]);
+  if (slices == 0) fail(FailureKind::runtime, "integer division or modulo by zero");
+  int64_t length = int64_t(seq.size());
+  int64_t per_slice = length / slices, with_extra = length % slices;
+  List out;
+  int64_t offset = 0;
+  if (slices > int64_t(r.limits().max_container_items)) fail(FailureKind::limit, "slice count exceeds kiln's limit");
+  for (int64_t n = 0; n < slices; ++n) {
+    int64_t start = offset + n * per_slice;
+    if (n < with_extra) offset += 1;
+    int64_t end = offset + (n + 1) * per_slice;
+    List part;
+    for (int64_t i = std::max<int64_t>(start, 0); i < std::min(end, length); ++i) part.push_back(seq[size_t(i)]);
+    if (!a[1].is_none() && n >= with_extra) part.push_back(a[1]);
+    out.push_back(Value::list(std::move(part)));
+  }
+  return generator(std::move(out));
+}
+
+Value filter_sort(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments(
+      "sort", args,
+      {{"reverse", Value::boolean(false)}, {"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
+  List items = iterate(v);
+  List keys;
+  keys.reserve(items.size());
+  for (const Value& item : items) keys.push_back(multi_attribute_key(r, item, a[2], !truthy(a[1])));
+  sort_by_keys(items, std::move(keys), truthy(a[0]));
+  return Value::list(std::move(items));
+}
+
+Value filter_string(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("string", args, {});
+  return soft_str(v);
+}
+
+// html.unescape for the entities templates meet.
+std::string unescape_html(const std::string& s) {
+  static const std::pair<std::string_view, std::string_view> kEntities[] = {
+      {"amp", "&"},        {"lt", "<"},         {"gt", ">"},         {"quot", "\""},       {"apos", "'"},
+      {"nbsp", "\u00a0"},  {"copy", "\u00a9"},  {"reg", "\u00ae"},   {"hellip", "\u2026"}, {"mdash", "\u2014"},
+      {"ndash", "\u2013"}, {"lsquo", "\u2018"}, {"rsquo", "\u2019"}, {"ldquo", "\u201c"},  {"rdquo", "\u201d"}};
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '&') {
+      out.push_back(s[i]);
+      continue;
+    }
+    size_t semi = s.find(';', i);
+    if (semi != std::string::npos && semi - i <= 12) {
+      std::string name = s.substr(i + 1, semi - i - 1);
+      if (name.size() > 1 && name[0] == '#') {
+        bool hex = name[1] == 'x' || name[1] == 'X';
+        char* end = nullptr;
+        std::string digits = name.substr(hex ? 2 : 1);
+        long code = std::strtol(digits.c_str(), &end, hex ? 16 : 10);
+        if (!digits.empty() && end && *end == '\0' && code > 0 && code <= 0x10FFFF) {
+          py::append_utf8(out, char32_t(code));
+          i = semi;
+          continue;
+        }
+      }
+      bool matched = false;
+      for (const auto& [entity, text] : kEntities) {
+        if (name == entity) {
+          out += text;
+          i = semi;
+          matched = true;
+          break;
+        }
+      }
+      if (matched) continue;
+    }
+    out.push_back('&');
+  }
+  return out;
+}
+
+Value filter_striptags(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("striptags", args, {});
+  std::string value = to_str(v);
+  for (size_t start; (start = value.find("<!--")) != std::string::npos;) {
+    size_t end = value.find("-->", start);
+    if (end == std::string::npos) break;
+    value = value.substr(0, start) + value.substr(end + 3);
+  }
+  for (size_t start; (start = value.find('<')) != std::string::npos;) {
+    size_t end = value.find('>', start);
+    if (end == std::string::npos) break;
+    value = value.substr(0, start) + value.substr(end + 1);
+  }
+  std::string collapsed;
+  for (const std::string& word : py::split(value, std::nullopt, -1)) collapsed += (collapsed.empty() ? "" : " ") + word;
+  return Value::string(unescape_html(collapsed), true);
+}
+
+Value filter_sum(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("sum", args, {{"attribute", Value::none()}, {"start", Value::integer(0)}});
+  if (a[1].is_string()) type_error("sum() can't sum strings [use ''.join(seq) instead]");
+  Value total = a[1];
+  for (const Value& item : iterate(v)) {
+    Value term = a[0].is_none() ? item : attribute_path(r, item, a[0], nullptr, false);
+    total = binary_operation(ast::BinaryOp::add, total, term, r.limits());
+  }
+  return total;
+}
+
+Value filter_title(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("title", args, {});
+  Value s = soft_str(v);
+  // jinja2 capitalises each piece between runs of "-", whitespace, "(", "{", "[" and "<".
+  std::u32string text = py::decode_utf8(s.as_string());
+  auto separator = [](char32_t c) {
+    return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py::is_space(c);
+  };
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = i;
+    bool sep = separator(text[i]);
+    while (j < text.size() && separator(text[j]) == sep) ++j;
+    std::u32string_view piece = std::u32string_view(text).substr(i, j - i);
+    out += py::upper(py::encode_utf8(piece.substr(0, 1))) + py::lower(py::encode_utf8(piece.substr(1)));
+    i = j;
+  }
+  return Value::string(std::move(out), s.is_markup());
+}
+
+Value filter_tojson(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("tojson", args,
+                          {{"ensure_ascii", Value::boolean(false)},
+                           {"indent", Value::none()},
+                           {"separators", Value::none()},
+                           {"sort_keys", Value::boolean(false)}});
+  JsonDumpOptions options;
+  options.ensure_ascii = truthy(a[0]);
+  if (a[1].is_int() || a[1].is_bool()) {
+    options.indent = std::string(size_t(std::clamp<int64_t>(a[1].as_int(), 0, 1 << 16)), ' ');
+  } else if (a[1].is_string()) {
+    options.indent = a[1].as_string();
+  } else if (!a[1].is_none()) {
+    type_error("indent must be an int or a str, not {}", type_name(a[1]));
+  }
+  if (!a[2].is_none()) {
+    List parts = iterate(a[2]);
+    if (parts.size() != 2) fail(FailureKind::runtime, "separators must be a pair of strings");
+    if (!parts[0].is_string() || !parts[1].is_string()) type_error("separators must be strings");
+    options.item_separator = parts[0].as_string();
+    options.key_separator = parts[1].as_string();
+  }
+  options.sort_keys = truthy(a[3]);
+  std::string out = dump_json(v, options);
+  r.check_string(out.size());
+  return Value::string(std::move(out));
+}
+
+Value filter_trim(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("trim", args, {{"chars", Value::none()}});
+  Value s = soft_str(v);
+  return Value::string(py::strip(s.as_string(), optional_string_argument("trim", a[0])), s.is_markup());
+}
+
+Value filter_truncate(Renderer&, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("truncate", args,
+                          {{"length", Value::integer(255)},
+                           {"killwords", Value::boolean(false)},
+                           {"end", Value::string("...")},
+                           {"leeway", Value::none()}});
+  int64_t size = length(v);
+  int64_t max_length = integer_argument("truncate", a[0]);
+  int64_t leeway = a[3].is_none() ? 5 : integer_argument("truncate", a[3]);
+  int64_t end_length = length(a[2]);
+  if (max_length < end_length) fail(FailureKind::runtime, "expected length >= {}, got {}", end_length, max_length);
+  if (leeway < 0) fail(FailureKind::runtime, "expected leeway >= 0, got {}", leeway);
+  if (size <= max_length + leeway) return v;
+  Value head = slice(v, std::nullopt, max_length - end_length, std::nullopt);
+  std::string end = to_str(a[2]);
+  if (truthy(a[1])) return Value::string(head.as_string() + end);
+  return Value::string(py::rsplit(head.as_string(), std::string(" "), 1).front() + end);
+}
+
+Value filter_unique(Renderer& r, const Value& v, CallArgs& args) {
+  auto a = bind_arguments("unique", args, {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
+  List seen, out;
+  for (Value& item : iterate(v)) {
+    Value key = attribute_path(r, item, a[1], nullptr, !truthy(a[0]));
+    if (!is_hashable(key)) type_error("unhashable type: '{}'", type_name(key));
+    bool duplicate = std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); });
+    if (!duplicate) {
+      seen.push_back(std::move(key));
+      out.push_back(std::move(item));
+    }
+  }
+  return generator(std::move(out));
+}
+
+Value filter_wordcount(Renderer&, const Value& v, CallArgs& args) {
+  bind_arguments("wordcount", args, {});
+  int64_t words = 0;
+  bool in_word = false;
+  for (char32_t c : py::decode_utf8(to_str(v))) {
+    bool word = py::is_word_char(c);
+    if (word && !in_word) ++words;
+    in_word = word;
+  }
+  return Value::integer(words);
+}
+
+struct FilterEntry {
+  std::string_view name;
+  FilterFunction function;
+};
+
+constexpr FilterEntry kFilters[] = {
+    {"abs", filter_abs},           {"attr", filter_attr},
+    {"batch", filter_batch},       {"capitalize", filter_capitalize},
+    {"center", filter_center},     {"count", filter_length},
+    {"d", filter_default},         {"default", filter_default},
+    {"dictsort", filter_dictsort}, {"e", filter_escape},
+    {"escape", filter_escape},     {"first", filter_first},
+    {"float", filter_float},       {"forceescape", filter_forceescape},
+    {"format", filter_format},     {"indent", filter_indent},
+    {"int", filter_int},           {"items", filter_items},
+    {"join", filter_join},         {"last", filter_last},
+    {"length", filter_length},     {"list", filter_list},
+    {"lower", filter_lower},       {"map", filter_map},
+    {"max", filter_max},           {"min", filter_min},
+    {"reject", filter_reject},     {"rejectattr", filter_rejectattr},
+    {"replace", filter_replace},   {"reverse", filter_reverse},
+    {"round", filter_round},       {"safe", filter_safe},
+    {"select", filter_select},     {"selectattr", filter_selectattr},
+    {"slice", filter_slice},       {"sort", filter_sort},
+    {"string", filter_string},     {"striptags", filter_striptags},
+    {"sum", filter_sum},           {"title", filter_title},
+    {"tojson", filter_tojson},     {"trim", filter_trim},
+    {"truncate", filter_truncate}, {"unique", filter_unique},
+    {"upper", filter_upper},       {"wordcount", filter_wordcount},
+};
+
+}  // namespace
+
+FilterFunction find_filter(std::string_view name) {
+  for (const FilterEntry& entry : kFilters)
+    if (entry.name == name) return entry.function;
+  return nullptr;
+}
+
+}  // namespace kiln::jinja

@@ -1,0 +1,181 @@
+// The values a template computes with, and the Python semantics jinja2 gives them: truthiness,
+// equality, ordering, str() and repr(), iteration, len(). A Value is a cheap handle: scalars
+// inline, strings and containers shared and immutable (the sandbox forbids mutating them), and a
+// few mutable objects (namespace(), iterators, loop state) shared by reference as in Python.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "text/jinja/errors.h"
+
+namespace kiln::jinja {
+
+class Value;
+class Object;
+class Renderer;
+
+using List = std::vector<Value>;
+
+// An insertion-ordered dict with Python's key equality (1 == 1.0 == True).
+class Dict {
+ public:
+  using Item = std::pair<Value, Value>;
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  const std::vector<Item>& items() const { return items_; }
+  const Value* find(const Value& key) const;
+  const Value* find(std::string_view key) const;
+  // Inserts, or replaces the value of an equal key in place (its position stays), as Python does.
+  void set(Value key, Value value);
+
+ private:
+  std::vector<Item> items_;
+};
+
+// What reading an undefined value reports if the template uses it where a value is needed.
+struct UndefinedInfo {
+  std::string message;
+  FailureKind kind = FailureKind::undefined;  // `security` for the sandbox's unsafe attributes
+};
+
+class Value {
+ public:
+  enum class Kind : uint8_t { undefined, none, boolean, integer, floating, string, list, tuple, dict, object };
+
+  Value() = default;  // undefined, without a message (prints as "")
+  static Value undefined(std::string message, FailureKind kind = FailureKind::undefined);
+  static Value none();
+  static Value boolean(bool b);
+  static Value integer(int64_t i);
+  static Value floating(double f);
+  static Value string(std::string s, bool markup = false);
+  static Value list(List items);
+  static Value tuple(List items);
+  static Value dict(Dict dict);
+  static Value object(std::shared_ptr<Object> object);
+
+  Kind kind() const { return kind_; }
+  bool is_undefined() const { return kind_ == Kind::undefined; }
+  bool is_none() const { return kind_ == Kind::none; }
+  bool is_bool() const { return kind_ == Kind::boolean; }
+  bool is_int() const { return kind_ == Kind::integer; }
+  bool is_float() const { return kind_ == Kind::floating; }
+  bool is_number() const { return kind_ == Kind::boolean || kind_ == Kind::integer || kind_ == Kind::floating; }
+  bool is_string() const { return kind_ == Kind::string; }
+  bool is_markup() const { return kind_ == Kind::string && markup_; }
+  bool is_list() const { return kind_ == Kind::list; }
+  bool is_tuple() const { return kind_ == Kind::tuple; }
+  bool is_sequence() const { return kind_ == Kind::list || kind_ == Kind::tuple; }  // list or tuple
+  bool is_dict() const { return kind_ == Kind::dict; }
+  bool is_object() const { return kind_ == Kind::object; }
+
+  bool as_bool() const { return scalar_.b; }
+  int64_t as_int() const { return kind_ == Kind::boolean ? int64_t(scalar_.b) : scalar_.i; }  // bool or int
+  double as_double() const;                                                                   // any number
+  const std::string& as_string() const { return *static_cast<const std::string*>(ptr_.get()); }
+  const List& as_list() const { return *static_cast<const List*>(ptr_.get()); }  // list or tuple
+  const Dict& as_dict() const { return *static_cast<const Dict*>(ptr_.get()); }
+  Object* as_object() const { return static_cast<Object*>(ptr_.get()); }
+  template <typename T>
+  T* object_as() const {
+    return kind_ == Kind::object ? dynamic_cast<T*>(as_object()) : nullptr;
+  }
+  const UndefinedInfo* undefined_info() const { return static_cast<const UndefinedInfo*>(ptr_.get()); }
+  // Identity of shared payloads, for `is sameas` and for the identity-compared objects.
+  const void* identity() const { return ptr_.get(); }
+
+ private:
+  Kind kind_ = Kind::undefined;
+  bool markup_ = false;
+  union {
+    bool b;
+    int64_t i;
+    double f;
+  } scalar_{};
+  std::shared_ptr<void> ptr_;
+};
+
+// Arguments of a call, as Python receives them.
+struct CallArgs {
+  List positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+};
+
+// Mutable or behavioural values: namespace(), iterators, macros, loop state, bound methods...
+class Object {
+ public:
+  virtual ~Object() = default;
+  virtual std::string type_name() const = 0;  // Python's class name, for messages
+  virtual std::string repr() const;
+  virtual bool is_callable() const { return false; }
+  virtual Value call(Renderer& renderer, CallArgs& args);
+  virtual Value get_attribute(std::string_view name);  // undefined Value when absent
+};
+
+// jinja2's namespace(): the one mutable mapping a template may assign to.
+class Namespace : public Object {
+ public:
+  std::string type_name() const override { return "Namespace"; }
+  std::string repr() const override;
+  Value get_attribute(std::string_view name) override;
+  Dict attributes;
+};
+
+// A one-shot iterator, as Python's generators (map/select filters) and reversed() are: always
+// true, no len(), and iterating it consumes what it yields.
+class Iterator : public Object {
+ public:
+  Iterator(List items, std::string type_name) : items_(std::move(items)), type_name_(std::move(type_name)) {}
+  std::string type_name() const override { return type_name_; }
+  std::string repr() const override;
+  List take_all();
+  bool take_one(Value& out);
+
+ private:
+  List items_;
+  size_t next_ = 0;
+  std::string type_name_;
+};
+
+// A callable implemented in C++ (range, namespace, bound string methods, ...).
+class Builtin : public Object {
+ public:
+  using Function = std::function<Value(Renderer&, CallArgs&)>;
+  Builtin(std::string name, Function function, std::string repr)
+      : name_(std::move(name)), function_(std::move(function)), repr_(std::move(repr)) {}
+  std::string type_name() const override { return "builtin_function_or_method"; }
+  std::string repr() const override { return repr_; }
+  bool is_callable() const override { return true; }
+  Value call(Renderer& renderer, CallArgs& args) override { return function_(renderer, args); }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  Function function_;
+  std::string repr_;
+};
+
+// --- Python semantics ----------------------------------------------------------------------------
+
+std::string type_name(const Value& v);  // type(v).__name__
+bool truthy(const Value& v);
+bool equals(const Value& a, const Value& b);
+bool less_than(const Value& a, const Value& b);  // a < b, or a TypeError
+bool is_hashable(const Value& v);
+std::string to_str(const Value& v);   // str(v)
+std::string to_repr(const Value& v);  // repr(v)
+// Raises the error of using an undefined value (jinja2's _fail_with_undefined_error).
+[[noreturn]] void fail_undefined(const Value& v);
+// The items `for x in v` visits; undefined iterates as empty. Consumes iterators.
+List iterate(const Value& v);
+int64_t length(const Value& v);  // len(v)
+// `needle in haystack`.
+bool contains(const Value& haystack, const Value& needle);
+
+}  // namespace kiln::jinja

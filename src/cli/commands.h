@@ -25,5 +25,6 @@ Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options);
 using Action = std::function<Status()>;
 
 void add_logits_command(CLI::App& app, Action& action);
+void add_template_command(CLI::App& app, Action& action);
 
 }  // namespace kiln::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
 
   kiln::cli::Action action;
   kiln::cli::add_logits_command(app, action);
+  kiln::cli::add_template_command(app, action);
 
   try {
     app.parse(argc, argv);

@@ -100,10 +100,11 @@ std::string format_percent_item(const PercentSpec& spec, const Value& v) {
                                               : fmt::format("{}", magnitude);
       if (spec.precision > int64_t(digits.size())) digits.insert(0, size_t(spec.precision) - digits.size(), '0');
       std::string sign = i < 0 ? "-" : spec.plus ? "+" : spec.space ? " " : "";
-      std::string prefix;
-      if (spec.alternate && spec.type == 'o') prefix = "0o";
-      if (spec.alternate && spec.type == 'x') prefix = "0x";
-      if (spec.alternate && spec.type == 'X') prefix = "0X";
+      const char* prefix = !spec.alternate    ? ""
+                           : spec.type == 'o' ? "0o"
+                           : spec.type == 'x' ? "0x"
+                           : spec.type == 'X' ? "0X"
+                                              : "";
       return pad_number(spec, sign, prefix, digits);
     }
     case 'e':
@@ -122,7 +123,7 @@ std::string format_percent_item(const PercentSpec& spec, const Value& v) {
       if (spec.alternate) c += '#';
       if (spec.zero) c += '0';
       if (spec.width >= 0) c += std::to_string(spec.width);
-      c += "." + std::to_string(spec.precision < 0 ? 6 : spec.precision);
+      c += fmt::format(".{}", spec.precision < 0 ? 6 : spec.precision);
       c += spec.type;
       return c_format(c, x);
     }
@@ -374,7 +375,7 @@ std::string format_float(double x, const FormatSpec& spec) {
     } else {
       std::string c = "%";
       if (spec.alternate) c += "#";
-      body = c_format(c + "." + std::to_string(precision) + type, magnitude);
+      body = c_format(fmt::format("{}.{}{}", c, precision, type), magnitude);
     }
   }
   if (spec.grouping && !std::isnan(x) && !std::isinf(x)) {

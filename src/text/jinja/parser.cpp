@@ -865,7 +865,7 @@ class Parser {
       if (!start_inline) next();
       Token token = expect_name();
       std::string name = token.text;
-      while (skip_op(".")) name += "." + expect_name().text;
+      while (skip_op(".")) name += fmt::format(".{}", expect_name().text);
       Arguments args;
       if (is_op(current(), "(")) args = parse_call_args();
       // jinja2 rejects unknown filters at compile time, except inside conditionals where it
@@ -882,7 +882,7 @@ class Parser {
     bool negated = skip_name("not");
     Token token = expect_name();
     std::string name = token.text;
-    while (skip_op(".")) name += "." + expect_name().text;
+    while (skip_op(".")) name += fmt::format(".{}", expect_name().text);
     Arguments args;
     const Token& t = current();
     if (is_op(t, "(")) {

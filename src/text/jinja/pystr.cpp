@@ -645,11 +645,11 @@ std::string float_repr(double x) {
     } else if (decimal_point >= n) {
       out += digits + std::string(size_t(decimal_point - n), '0') + ".0";
     } else {
-      out += digits.substr(0, size_t(decimal_point)) + "." + digits.substr(size_t(decimal_point));
+      out += fmt::format("{}.{}", digits.substr(0, size_t(decimal_point)), digits.substr(size_t(decimal_point)));
     }
   } else {
     out += digits.substr(0, 1);
-    if (n > 1) out += "." + digits.substr(1);
+    if (n > 1) out += fmt::format(".{}", digits.substr(1));
     out += fmt::format("e{}{:02d}", exponent < 0 ? '-' : '+', std::abs(exponent));
   }
   return out;

@@ -48,10 +48,19 @@ void collect_special_tokens(const nlohmann::ordered_json& config, nlohmann::orde
 
 }  // namespace
 
-ChatTemplate ChatTemplate::from_sources(std::vector<NamedSource> templates, nlohmann::ordered_json special_tokens) {
+ChatTemplate ChatTemplate::from_source(std::string source, const nlohmann::ordered_json& tokenizer_config) {
+  ChatTemplate chat;
+  chat.templates_.push_back({"default", std::move(source)});
+  chat.single_template_ = true;
+  collect_special_tokens(tokenizer_config, chat.special_tokens_);
+  return chat;
+}
+
+ChatTemplate ChatTemplate::from_named_sources(std::vector<NamedSource> templates,
+                                              const nlohmann::ordered_json& tokenizer_config) {
   ChatTemplate chat;
   chat.templates_ = std::move(templates);
-  chat.special_tokens_ = std::move(special_tokens);
+  collect_special_tokens(tokenizer_config, chat.special_tokens_);
   return chat;
 }
 

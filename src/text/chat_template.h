@@ -32,12 +32,15 @@ class ChatTemplate {
   // override tokenizer_config.json's as transformers' loader does) from `model_dir`.
   static Result<ChatTemplate> load(const std::string& model_dir);
 
-  // Builds a chat template from its parts (the named templates in tokenizer_config order).
   struct NamedSource {
     std::string name;
     std::string source;
   };
-  static ChatTemplate from_sources(std::vector<NamedSource> templates, nlohmann::ordered_json special_tokens);
+  // Builds a chat template from a template source, or from named ones (tokenizer_config's list
+  // form), taking the special tokens from a tokenizer_config-like object.
+  static ChatTemplate from_source(std::string source, const nlohmann::ordered_json& tokenizer_config);
+  static ChatTemplate from_named_sources(std::vector<NamedSource> templates,
+                                         const nlohmann::ordered_json& tokenizer_config);
 
   // The rendered prompt, or the template's error (raise_exception messages verbatim).
   Result<std::string> render(const ChatRequest& request, const jinja::RenderOptions& options = {},

@@ -161,11 +161,21 @@ struct Continue {};
 struct Generation {  // transformers' {% generation %} block: renders its body
   Body body;
 };
+struct Block {  // {% block name [scoped] %}: rendered in place (no inheritance without a loader)
+  std::string name;
+  bool scoped = false;
+  bool required = false;
+  Body body;
+};
+struct NeedsLoader {  // extends, include, import, from: transformers' environment has no loader
+  std::string tag;
+  ExprPtr template_name;
+};
 
 struct Stmt {
   int line = 0;
   std::variant<Output, Print, If, For, Set, SetBlock, MacroDef, CallBlock, FilterBlock, With, Break, Continue,
-               Generation>
+               Generation, Block, NeedsLoader>
       node;
 };
 

@@ -91,7 +91,9 @@ Value Renderer::eval_node(const ast::GetItem& node, Scope* scope) {
     if (valid && (object.is_string() || object.is_sequence())) return slice(object, start, stop, step);
     return Value::undefined(fmt::format("{} has no element slice", object_type_repr(object)));
   }
-  return get_item(object, eval(*node.key, scope));
+  Value key = eval(*node.key, scope);
+  charge(key);
+  return get_item(object, key);
 }
 
 Value Renderer::eval_node(const ast::Slice&, Scope*) {
@@ -131,7 +133,13 @@ Value Renderer::call_with_caller(const ast::Call& node, Value caller, Scope* sco
 
 Value Renderer::call(const Value& callee, CallArgs& args) {
   if (callee.is_undefined()) fail_undefined(callee);
-  if (callee.is_object() && callee.as_object()->is_callable()) return callee.as_object()->call(*this, args);
+  if (callee.is_object() && callee.as_object()->is_callable()) {
+    charge(callee);  // a bound method pays for the value it is bound to
+    charge(args);
+    Value result = callee.as_object()->call(*this, args);
+    charge(result);
+    return result;
+  }
   type_error("'{}' object is not callable", type_name(callee));
 }
 
@@ -155,12 +163,18 @@ Value Renderer::eval_node(const ast::Test& node, Scope* scope) {
 Value Renderer::apply_filter(std::string_view name, const Value& operand, CallArgs& args) {
   FilterFunction filter = find_filter(name);
   if (!filter) fail(FailureKind::runtime, "No filter named '{}' found.", name);
-  return filter(*this, operand, args);
+  charge(operand);
+  charge(args);
+  Value result = filter(*this, operand, args);
+  charge(result);
+  return result;
 }
 
 bool Renderer::apply_test(std::string_view name, const Value& operand, CallArgs& args) {
   TestFunction test = find_test(name);
   if (!test) fail(FailureKind::runtime, "No test named '{}' found.", name);
+  charge(operand);
+  charge(args);
   return test(*this, operand, args);
 }
 
@@ -182,13 +196,17 @@ Value Renderer::eval_node(const ast::Binary& node, Scope* scope) {
   if (node.op == ast::BinaryOp::logical_and) return truthy(left) ? eval(*node.right, scope) : left;
   if (node.op == ast::BinaryOp::logical_or) return truthy(left) ? left : eval(*node.right, scope);
   Value right = eval(*node.right, scope);
-  return binary_operation(node.op, left, right, options_.limits);
+  Value result = binary_operation(node.op, left, right, options_.limits);
+  charge(result);
+  return result;
 }
 
 Value Renderer::eval_node(const ast::Concat& node, Scope* scope) {
   std::string out;
   for (const auto& part : node.parts) {
-    out += to_str(eval(*part, scope));
+    Value value = eval(*part, scope);
+    charge(value);
+    out += str(value);
     check_string(out.size());
   }
   return Value::string(std::move(out));
@@ -198,6 +216,8 @@ Value Renderer::eval_node(const ast::Compare& node, Scope* scope) {
   Value left = eval(*node.first, scope);
   for (const auto& [op, expr] : node.rest) {
     Value right = eval(*expr, scope);
+    charge(left);
+    charge(right);
     if (!compare(op, left, right)) return Value::boolean(false);
     left = std::move(right);
   }
@@ -267,7 +287,13 @@ Value Renderer::get_item(const Value& object, const Value& key) {
     if (found) return attribute;
     return missing_attribute(object, name);
   }
-  return Value::undefined(fmt::format("{} has no element {}", object_type_repr(object), to_repr(key)));
+  std::string key_text = "<value>";
+  try {
+    key_text = to_repr(key, 4096);
+  } catch (const TemplateException&) {
+    // An enormous key: the message names it loosely rather than failing the lookup.
+  }
+  return Value::undefined(fmt::format("{} has no element {}", object_type_repr(object), key_text));
 }
 
 }  // namespace kiln::jinja

@@ -19,8 +19,8 @@ namespace kiln::jinja {
 
 namespace {
 
-Value soft_str(const Value& v) {
-  return v.is_string() ? v : Value::string(to_str(v));
+Value soft_str(Renderer& r, const Value& v) {
+  return v.is_string() ? v : Value::string(r.str(v));
 }
 
 Value generator(List items, std::string type = "generator") {
@@ -161,7 +161,7 @@ bool parse_python_float(const std::string& input, double& out) {
 
 // --- the filters ---------------------------------------------------------------------------------
 
-Value filter_abs(Renderer&, const Value& v, CallArgs& args) {
+Value filter_abs(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("abs", args, {});
   if (v.is_int() || v.is_bool()) {
     if (v.as_int() == INT64_MIN) fail(FailureKind::limit, "integer overflow (kiln's integers are 64-bit)");
@@ -183,7 +183,7 @@ Value filter_attr(Renderer& r, const Value& v, CallArgs& args) {
   return Value::undefined(fmt::format("'{} object' has no attribute '{}'", type_name(v), name));
 }
 
-Value filter_batch(Renderer&, const Value& v, CallArgs& args) {
+Value filter_batch(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("batch", args, {{"linecount", {}}, {"fill_with", Value::none()}});
   List batches, current;
   for (Value& item : iterate(v)) {
@@ -196,6 +196,7 @@ Value filter_batch(Renderer&, const Value& v, CallArgs& args) {
   if (!current.empty()) {
     if (!a[1].is_none()) {
       int64_t want = integer_argument("batch", a[0]);
+      if (want > int64_t(r.limits().max_container_items)) fail(FailureKind::limit, "batch size exceeds kiln's limit");
       while (int64_t(current.size()) < want) current.push_back(a[1]);
     }
     batches.push_back(Value::list(std::move(current)));
@@ -203,27 +204,27 @@ Value filter_batch(Renderer&, const Value& v, CallArgs& args) {
   return generator(std::move(batches));
 }
 
-Value filter_capitalize(Renderer&, const Value& v, CallArgs& args) {
+Value filter_capitalize(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("capitalize", args, {});
-  Value s = soft_str(v);
+  Value s = soft_str(r, v);
   return Value::string(py::capitalize(s.as_string()), s.is_markup());
 }
 
 Value filter_center(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("center", args, {{"width", Value::integer(80)}});
-  Value s = soft_str(v);
+  Value s = soft_str(r, v);
   int64_t width = integer_argument("center", a[0]);
   r.check_string(size_t(std::max<int64_t>(width, 0)));
   return Value::string(py::center(s.as_string(), width, U' '), s.is_markup());
 }
 
-Value filter_default(Renderer&, const Value& v, CallArgs& args) {
+Value filter_default(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("default", args, {{"default_value", Value::string("")}, {"boolean", Value::boolean(false)}});
   if (v.is_undefined() || (truthy(a[1]) && !truthy(v))) return a[0];
   return v;
 }
 
-Value filter_dictsort(Renderer&, const Value& v, CallArgs& args) {
+Value filter_dictsort(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments(
       "dictsort", args,
       {{"case_sensitive", Value::boolean(false)}, {"by", Value::string("key")}, {"reverse", Value::boolean(false)}});
@@ -248,18 +249,18 @@ Value filter_dictsort(Renderer&, const Value& v, CallArgs& args) {
   return Value::list(std::move(items));
 }
 
-Value filter_escape(Renderer&, const Value& v, CallArgs& args) {
+Value filter_escape(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("escape", args, {});
   if (v.is_markup()) return v;
-  return Value::string(py::escape_html(to_str(v)), true);
+  return Value::string(py::escape_html(r.str(v)), true);
 }
 
-Value filter_forceescape(Renderer&, const Value& v, CallArgs& args) {
+Value filter_forceescape(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("forceescape", args, {});
-  return Value::string(py::escape_html(to_str(v)), true);
+  return Value::string(py::escape_html(r.str(v)), true);
 }
 
-Value filter_first(Renderer&, const Value& v, CallArgs& args) {
+Value filter_first(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("first", args, {});
   if (auto* iterator = v.object_as<Iterator>()) {
     Value item;
@@ -271,7 +272,7 @@ Value filter_first(Renderer&, const Value& v, CallArgs& args) {
   return Value::undefined("No first item, sequence was empty.");
 }
 
-Value filter_float(Renderer&, const Value& v, CallArgs& args) {
+Value filter_float(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("float", args, {{"default", Value::floating(0.0)}});
   if (v.is_number()) return Value::floating(v.as_double());
   double parsed;
@@ -279,7 +280,7 @@ Value filter_float(Renderer&, const Value& v, CallArgs& args) {
   return a[0];
 }
 
-Value filter_format(Renderer&, const Value& v, CallArgs& args) {
+Value filter_format(Renderer& r, const Value& v, CallArgs& args) {
   if (!args.positional.empty() && !args.keyword.empty())
     fail(FailureKind::runtime, "can't handle positional and keyword arguments at the same time");
   Value format_args;
@@ -290,8 +291,8 @@ Value filter_format(Renderer&, const Value& v, CallArgs& args) {
   } else {
     format_args = Value::tuple(args.positional);
   }
-  Value s = soft_str(v);
-  return Value::string(percent_format(s.as_string(), format_args), s.is_markup());
+  Value s = soft_str(r, v);
+  return Value::string(percent_format(s.as_string(), format_args, r.limits().max_output_bytes), s.is_markup());
 }
 
 Value filter_indent(Renderer& r, const Value& v, CallArgs& args) {
@@ -314,6 +315,7 @@ Value filter_indent(Renderer& r, const Value& v, CallArgs& args) {
     for (size_t i = 0; i < lines.size(); ++i) {
       if (i) out += "\n" + indention;
       out += lines[i];
+      r.check_string(out.size());
     }
   } else {
     out = lines.empty() ? "" : lines[0];
@@ -329,7 +331,7 @@ Value filter_indent(Renderer& r, const Value& v, CallArgs& args) {
   return Value::string(std::move(out), v.is_markup());
 }
 
-Value filter_int(Renderer&, const Value& v, CallArgs& args) {
+Value filter_int(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("int", args, {{"default", Value::integer(0)}, {"base", Value::integer(10)}});
   if (v.is_int() || v.is_bool()) return Value::integer(v.as_int());
   if (v.is_float()) {
@@ -351,7 +353,7 @@ Value filter_int(Renderer&, const Value& v, CallArgs& args) {
   return a[0];
 }
 
-Value filter_items(Renderer&, const Value& v, CallArgs& args) {
+Value filter_items(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("items", args, {});
   if (v.is_undefined()) return generator({});
   if (!v.is_dict()) fail(FailureKind::runtime, "Can only get item pairs from a mapping.");
@@ -362,44 +364,45 @@ Value filter_items(Renderer&, const Value& v, CallArgs& args) {
 
 Value filter_join(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("join", args, {{"d", Value::string("")}, {"attribute", Value::none()}});
-  std::string separator = to_str(a[0]), out;
+  std::string separator = r.str(a[0]), out;
   List items = iterate(v);
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += separator;
-    out += to_str(a[1].is_none() ? items[i] : attribute_path(r, items[i], a[1], nullptr, false));
+    out += r.str(a[1].is_none() ? items[i] : attribute_path(r, items[i], a[1], nullptr, false));
     r.check_string(out.size());
   }
   return Value::string(std::move(out));
 }
 
-Value filter_last(Renderer&, const Value& v, CallArgs& args) {
+Value filter_last(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("last", args, {});
-  if (v.is_object() || v.is_number() || v.is_none()) type_error("'{}' object is not reversible", type_name(v));
+  if ((v.is_object() && !v.object_as<DictView>()) || v.is_number() || v.is_none())
+    type_error("'{}' object is not reversible", type_name(v));
   List items = iterate(v);
   if (items.empty()) return Value::undefined("No last item, sequence was empty.");
   return items.back();
 }
 
-Value filter_length(Renderer&, const Value& v, CallArgs& args) {
+Value filter_length(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("length", args, {});
   if (auto* loop = v.object_as<LoopState>()) return Value::integer(int64_t(loop->items.size()));
   return Value::integer(length(v));
 }
 
-Value filter_list(Renderer&, const Value& v, CallArgs& args) {
+Value filter_list(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("list", args, {});
   return Value::list(iterate(v));
 }
 
-Value filter_lower(Renderer&, const Value& v, CallArgs& args) {
+Value filter_lower(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("lower", args, {});
-  Value s = soft_str(v);
+  Value s = soft_str(r, v);
   return Value::string(py::lower(s.as_string()), s.is_markup());
 }
 
-Value filter_upper(Renderer&, const Value& v, CallArgs& args) {
+Value filter_upper(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("upper", args, {});
-  Value s = soft_str(v);
+  Value s = soft_str(r, v);
   return Value::string(py::upper(s.as_string()), s.is_markup());
 }
 
@@ -512,12 +515,12 @@ Value filter_min(Renderer& r, const Value& v, CallArgs& args) {
 Value filter_replace(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("replace", args, {{"old", {}}, {"new", {}}, {"count", Value::none()}});
   int64_t count = a[2].is_none() ? -1 : integer_argument("replace", a[2]);
-  std::string out = py::replace(to_str(v), to_str(a[0]), to_str(a[1]), count);
+  std::string out = py::replace(r.str(v), r.str(a[0]), r.str(a[1]), count, r.limits().max_output_bytes);
   r.check_string(out.size());
   return Value::string(std::move(out));
 }
 
-Value filter_reverse(Renderer&, const Value& v, CallArgs& args) {
+Value filter_reverse(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("reverse", args, {});
   if (v.is_string()) return slice(v, std::nullopt, std::nullopt, -1);
   if (v.is_sequence() || v.is_dict() || v.is_undefined()) {
@@ -525,6 +528,12 @@ Value filter_reverse(Renderer&, const Value& v, CallArgs& args) {
     std::reverse(items.begin(), items.end());
     std::string type = v.is_list() ? "list_reverseiterator" : v.is_dict() ? "dict_reversekeyiterator" : "reversed";
     return generator(std::move(items), type);
+  }
+  if (auto* view = v.object_as<DictView>()) {
+    List items = view->items;
+    std::reverse(items.begin(), items.end());
+    return generator(std::move(items),
+                     view->type_name() == "dict_items" ? "dict_reverseitemiterator" : "dict_reversekeyiterator");
   }
   if (v.object_as<Iterator>()) {
     List items = iterate(v);
@@ -546,7 +555,7 @@ double round_to_digits(double x, int64_t digits) {
   return std::nearbyint(x / scale) * scale;
 }
 
-Value filter_round(Renderer&, const Value& v, CallArgs& args) {
+Value filter_round(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("round", args, {{"precision", Value::integer(0)}, {"method", Value::string("common")}});
   std::string method = a[1].is_string() ? a[1].as_string() : "";
   if (method != "common" && method != "ceil" && method != "floor")
@@ -572,9 +581,9 @@ Value filter_round(Renderer&, const Value& v, CallArgs& args) {
   return Value::floating(rounded / scale);
 }
 
-Value filter_safe(Renderer&, const Value& v, CallArgs& args) {
+Value filter_safe(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("safe", args, {});
-  return Value::string(to_str(v), true);
+  return Value::string(r.str(v), true);
 }
 
 Value filter_slice(Renderer& r, const Value& v, CallArgs& args) {
@@ -611,9 +620,9 @@ Value filter_sort(Renderer& r, const Value& v, CallArgs& args) {
   return Value::list(std::move(items));
 }
 
-Value filter_string(Renderer&, const Value& v, CallArgs& args) {
+Value filter_string(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("string", args, {});
-  return soft_str(v);
+  return soft_str(r, v);
 }
 
 // html.unescape for the entities templates meet.
@@ -658,9 +667,11 @@ std::string unescape_html(const std::string& s) {
   return out;
 }
 
-Value filter_striptags(Renderer&, const Value& v, CallArgs& args) {
+Value filter_striptags(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("striptags", args, {});
-  std::string value = to_str(v);
+  std::string value = r.str(v);
+  // markupsafe's algorithm rebuilds the text once per tag: charge that work up front.
+  r.charge_units(uint64_t(std::count(value.begin(), value.end(), '<')) * (value.size() / 64 + 1));
   for (size_t start; (start = value.find("<!--")) != std::string::npos;) {
     size_t end = value.find("-->", start);
     if (end == std::string::npos) break;
@@ -687,9 +698,9 @@ Value filter_sum(Renderer& r, const Value& v, CallArgs& args) {
   return total;
 }
 
-Value filter_title(Renderer&, const Value& v, CallArgs& args) {
+Value filter_title(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("title", args, {});
-  Value s = soft_str(v);
+  Value s = soft_str(r, v);
   // jinja2 capitalises each piece between runs of "-", whitespace, "(", "{", "[" and "<".
   std::u32string text = py::decode_utf8(s.as_string());
   auto separator = [](char32_t c) {
@@ -731,18 +742,19 @@ Value filter_tojson(Renderer& r, const Value& v, CallArgs& args) {
     options.key_separator = parts[1].as_string();
   }
   options.sort_keys = truthy(a[3]);
+  options.max_bytes = r.limits().max_output_bytes;
   std::string out = dump_json(v, options);
   r.check_string(out.size());
   return Value::string(std::move(out));
 }
 
-Value filter_trim(Renderer&, const Value& v, CallArgs& args) {
+Value filter_trim(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("trim", args, {{"chars", Value::none()}});
-  Value s = soft_str(v);
+  Value s = soft_str(r, v);
   return Value::string(py::strip(s.as_string(), optional_string_argument("trim", a[0])), s.is_markup());
 }
 
-Value filter_truncate(Renderer&, const Value& v, CallArgs& args) {
+Value filter_truncate(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("truncate", args,
                           {{"length", Value::integer(255)},
                            {"killwords", Value::boolean(false)},
@@ -756,31 +768,31 @@ Value filter_truncate(Renderer&, const Value& v, CallArgs& args) {
   if (leeway < 0) fail(FailureKind::runtime, "expected leeway >= 0, got {}", leeway);
   if (size <= max_length + leeway) return v;
   Value head = slice(v, std::nullopt, max_length - end_length, std::nullopt);
-  std::string end = to_str(a[2]);
+  std::string end = r.str(a[2]);
   if (truthy(a[1])) return Value::string(head.as_string() + end);
   return Value::string(py::rsplit(head.as_string(), std::string(" "), 1).front() + end);
 }
 
 Value filter_unique(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("unique", args, {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
-  List seen, out;
+  Dict seen;  // a set: keys only
+  List out;
   for (Value& item : iterate(v)) {
     Value key = attribute_path(r, item, a[1], nullptr, !truthy(a[0]));
     if (!is_hashable(key)) type_error("unhashable type: '{}'", type_name(key));
-    bool duplicate = std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); });
-    if (!duplicate) {
-      seen.push_back(std::move(key));
+    if (!seen.find(key)) {
+      seen.set(std::move(key), Value::none());
       out.push_back(std::move(item));
     }
   }
   return generator(std::move(out));
 }
 
-Value filter_wordcount(Renderer&, const Value& v, CallArgs& args) {
+Value filter_wordcount(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("wordcount", args, {});
   int64_t words = 0;
   bool in_word = false;
-  for (char32_t c : py::decode_utf8(to_str(v))) {
+  for (char32_t c : py::decode_utf8(r.str(v))) {
     bool word = py::is_word_char(c);
     if (word && !in_word) ++words;
     in_word = word;

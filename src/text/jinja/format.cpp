@@ -22,9 +22,9 @@ std::string c_format(const std::string& spec, double x) {
   return out;
 }
 
-std::string ascii_repr(const Value& v) {
+std::string ascii_repr(const Value& v, size_t max_bytes) {
   std::string out;
-  for (char32_t c : py::decode_utf8(to_repr(v))) {
+  for (char32_t c : py::decode_utf8(to_repr(v, max_bytes))) {
     if (c < 0x80) {
       out.push_back(char(c));
     } else if (c <= 0xFF) {
@@ -77,12 +77,14 @@ int64_t integer_for(const Value& v, char type) {
   type_error("%{} format: an integer is required, not {}", type, type_name(v));
 }
 
-std::string format_percent_item(const PercentSpec& spec, const Value& v) {
+std::string format_percent_item(const PercentSpec& spec, const Value& v, size_t max_bytes) {
   switch (spec.type) {
     case 's':
     case 'r':
     case 'a': {
-      std::string text = spec.type == 's' ? to_str(v) : spec.type == 'r' ? to_repr(v) : ascii_repr(v);
+      std::string text = spec.type == 's'   ? to_str(v, max_bytes)
+                         : spec.type == 'r' ? to_repr(v, max_bytes)
+                                            : ascii_repr(v, max_bytes);
       text = truncate_code_points(text, spec.precision);
       return py::pad(text, spec.width, ' ', spec.left ? '<' : '>');
     }
@@ -147,7 +149,7 @@ std::string format_percent_item(const PercentSpec& spec, const Value& v) {
 
 }  // namespace
 
-std::string percent_format(std::string_view format, const Value& args) {
+std::string percent_format(std::string_view format, const Value& args, size_t max_bytes) {
   const List* positional = args.is_tuple() ? &args.as_list() : nullptr;
   const Dict* mapping = args.is_dict() ? &args.as_dict() : nullptr;
   size_t next_arg = 0;
@@ -208,7 +210,7 @@ std::string percent_format(std::string_view format, const Value& args) {
         ++i;
         Value w = take();
         if (!w.is_int() && !w.is_bool()) type_error("* wants int");
-        return w.as_int();
+        return std::clamp<int64_t>(w.as_int(), -(1 << 24), 1 << 24);
       }
       int64_t n = 0;
       while (i < text.size() && text[i] >= '0' && text[i] <= '9')
@@ -236,7 +238,8 @@ std::string percent_format(std::string_view format, const Value& args) {
     (void)spec_start;
     spec.type = char(type);
     if (spec.left) spec.zero = false;
-    out += format_percent_item(spec, keyed ? *keyed : take());
+    out += format_percent_item(spec, keyed ? *keyed : take(), max_bytes);
+    if (out.size() > max_bytes) fail(FailureKind::limit, "formatted text exceeds kiln's output limit");
   }
   bool leftover = positional ? next_arg < positional->size() : (!single_used && !mapping);
   if (leftover) type_error("not all arguments converted during string formatting");
@@ -388,8 +391,8 @@ std::string format_float(double x, const FormatSpec& spec) {
 
 }  // namespace
 
-std::string format_value(const Value& value, std::string_view spec_text) {
-  if (spec_text.empty()) return to_str(value);
+std::string format_value(const Value& value, std::string_view spec_text, size_t max_bytes) {
+  if (spec_text.empty()) return to_str(value, max_bytes);
   FormatSpec spec = parse_spec(spec_text);
   if (value.is_string()) {
     if (spec.type && spec.type != 's')
@@ -531,12 +534,13 @@ std::string brace_format(Renderer& renderer, std::string_view format, const Call
     }
     std::u32string spec_raw = i < field.size() ? field.substr(i + 1) : std::u32string();
     Value value = lookup(name);
+    const size_t max_bytes = renderer.limits().max_output_bytes;
     if (conversion == 'r') {
-      value = Value::string(to_repr(value));
+      value = Value::string(to_repr(value, max_bytes));
     } else if (conversion == 's') {
-      value = Value::string(to_str(value));
+      value = Value::string(to_str(value, max_bytes));
     } else if (conversion == 'a') {
-      value = Value::string(ascii_repr(value));
+      value = Value::string(ascii_repr(value, max_bytes));
     } else if (conversion) {
       fail(FailureKind::runtime, "Unknown conversion specifier {}", conversion);
     }
@@ -552,7 +556,7 @@ std::string brace_format(Renderer& renderer, std::string_view format, const Call
         py::append_utf8(spec, spec_raw[k]);
       }
     }
-    return format_value(value, spec);
+    return format_value(value, spec, max_bytes);
   };
 
   size_t i = 0;
@@ -573,6 +577,7 @@ std::string brace_format(Renderer& renderer, std::string_view format, const Call
       }
       if (depth > 0) fail(FailureKind::runtime, "expected '}}' before end of string");
       out += replace_field(text.substr(start, i - 1 - start), 0);
+      renderer.check_string(out.size());
     } else if (c == '}') {
       if (i + 1 < text.size() && text[i + 1] == '}') {
         out.push_back('}');

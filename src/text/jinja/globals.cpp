@@ -70,8 +70,7 @@ Value global_dict(Renderer&, CallArgs& args) {
 }
 
 Value global_namespace(Renderer& r, CallArgs& args) {
-  auto ns = std::make_shared<Namespace>();
-  ns->attributes = dict_from_arguments("namespace", args);
+  auto ns = std::make_shared<Namespace>(dict_from_arguments("namespace", args));
   r.track(ns);
   return Value::object(ns);
 }

@@ -101,6 +101,8 @@ class JsonWriter {
   }
 
   void write(const Value& v, int level) {
+    if (out_.size() > options_.max_bytes)
+      fail(FailureKind::limit, "JSON text exceeds kiln's output limit of {} bytes", options_.max_bytes);
     switch (v.kind()) {
       case Value::Kind::none:
         out_ += "null";

@@ -19,6 +19,7 @@ struct JsonDumpOptions {
   std::optional<std::string> item_separator;  // default ", " (or "," when indenting)
   std::optional<std::string> key_separator;   // default ": "
   bool sort_keys = false;
+  size_t max_bytes = SIZE_MAX;  // longer output raises a limit error
 };
 
 // json.dumps(value, ...); raises a TypeError for values JSON cannot hold.

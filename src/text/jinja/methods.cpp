@@ -78,7 +78,7 @@ Value call_str_method(Renderer& renderer, const Value& self, std::string_view m,
       if (!a[0].is_markup()) old_text = py::escape_html(old_text);
       if (!a[1].is_markup()) new_text = py::escape_html(new_text);
     }
-    std::string out = py::replace(s, old_text, new_text, integer_argument(m, a[2]));
+    std::string out = py::replace(s, old_text, new_text, integer_argument(m, a[2]), renderer.limits().max_output_bytes);
     renderer.check_string(out.size());
     return keep(std::move(out));
   }
@@ -161,6 +161,7 @@ Value call_str_method(Renderer& renderer, const Value& self, std::string_view m,
       if (c == '\t') {
         if (tabsize > 0) {
           int64_t spaces = tabsize - column % tabsize;
+          renderer.check_string(out.size() + size_t(spaces));
           out.append(size_t(spaces), U' ');
           column += spaces;
         }
@@ -168,6 +169,7 @@ Value call_str_method(Renderer& renderer, const Value& self, std::string_view m,
         out.push_back(c);
         column = (c == '\n' || c == '\r') ? 0 : column + 1;
       }
+      renderer.check_string(out.size());
     }
     return keep(py::encode_utf8(out));
   }
@@ -233,7 +235,7 @@ Value call_dict_method(const Value& self, std::string_view m, CallArgs& args) {
       out.push_back(Value::tuple({key, value}));
     }
   }
-  return Value::list(std::move(out));
+  return Value::object(std::make_shared<DictView>(std::move(out), fmt::format("dict_{}", m)));
 }
 
 Value call_sequence_method(const Value& self, std::string_view m, CallArgs& args) {
@@ -267,7 +269,7 @@ Value python_attribute(const Value& object, std::string_view name, bool& found) 
         [object, method_name, method](Renderer& renderer, CallArgs& args) {
           return method(renderer, object, method_name, args);
         },
-        fmt::format("<built-in method {} of {} object>", method_name, type_name(object))));
+        fmt::format("<built-in method {} of {} object>", method_name, type_name(object)), object.weight()));
   };
   auto unsafe = [&] {
     found = true;

@@ -89,6 +89,9 @@ Value add(const Value& a, const Value& b, const RenderLimits& limits) {
 
 Value repeat(const Value& sequence, int64_t times, const RenderLimits& limits) {
   if (times < 0) times = 0;
+  // Repeating nothing is nothing, however many times (and must not loop that many times).
+  if (sequence.is_string() && sequence.as_string().empty()) return Value::string("", sequence.is_markup());
+  if (!sequence.is_string() && sequence.as_list().empty()) times = 0;
   if (sequence.is_string()) {
     const std::string& s = sequence.as_string();
     if (!s.empty() && uint64_t(times) > limits.max_output_bytes / s.size())
@@ -173,7 +176,8 @@ Value binary_operation(BinaryOp op, const Value& a, const Value& b, const Render
     case BinaryOp::floor_divide:
     case BinaryOp::modulo: {
       bool floor_div = op == BinaryOp::floor_divide;
-      if (!floor_div && a.is_string()) return Value::string(percent_format(a.as_string(), b), a.is_markup());
+      if (!floor_div && a.is_string())
+        return Value::string(percent_format(a.as_string(), b, limits.max_output_bytes), a.is_markup());
       if (!a.is_number() || !b.is_number()) unsupported(floor_div ? "//" : "%", a, b);
       if (is_integral(a) && is_integral(b)) {
         int64_t x = a.as_int(), y = b.as_int();

@@ -23,12 +23,12 @@ bool compare(ast::CompareOp op, const Value& left, const Value& right);
 Value slice(const Value& value, std::optional<int64_t> start, std::optional<int64_t> stop, std::optional<int64_t> step);
 
 // format % args, as Python's str.__mod__ does.
-std::string percent_format(std::string_view format, const Value& args);
+std::string percent_format(std::string_view format, const Value& args, size_t max_bytes = SIZE_MAX);
 
 // format.format(*args, **kwargs), as Python's str.format (jinja2's SandboxedFormatter) does.
 std::string brace_format(Renderer& renderer, std::string_view format, const CallArgs& args);
 
 // format(value, spec) for one replacement field.
-std::string format_value(const Value& value, std::string_view spec);
+std::string format_value(const Value& value, std::string_view spec, size_t max_bytes = SIZE_MAX);
 
 }  // namespace kiln::jinja

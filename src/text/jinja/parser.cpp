@@ -131,6 +131,8 @@ struct NameFinder {
   void stmt(const Break&) {}
   void stmt(const Continue&) {}
   void stmt(const Generation& n) { body(n.body); }
+  void stmt(const Block& n) { body(n.body); }
+  void stmt(const NeedsLoader& n) { expr(n.template_name); }
 };
 
 bool mentions(const MacroDecl& macro, std::string_view name) {
@@ -323,13 +325,61 @@ class Parser {
       next();
       ContextGuard context(*this, false, true);
       s.node = Generation{parse_statements({"endgeneration"}, true)};
-    } else if (tag == "block" || tag == "extends" || tag == "include" || tag == "import" || tag == "from" ||
-               tag == "autoescape") {
-      fail(fmt::format("kiln does not support the '{}' tag (chat templates are single, loader-less files)", tag), line);
+    } else if (tag == "block") {
+      s.node = parse_block();
+    } else if (tag == "extends" || tag == "include" || tag == "import" || tag == "from") {
+      s.node = parse_needs_loader();
+    } else if (tag == "autoescape") {
+      fail("kiln does not support the 'autoescape' tag (transformers renders without autoescaping)", line);
     } else {
       fail(fmt::format("Encountered unknown tag '{}'.", tag), line);
     }
     body.push_back(std::move(s));
+  }
+
+  Block parse_block() {
+    next();
+    Block node;
+    Token name = expect_name();
+    node.name = name.text;
+    node.scoped = skip_name("scoped");
+    node.required = skip_name("required");
+    if (is_op(current(), "-"))
+      fail(
+          "Block names in Jinja have to be valid Python identifiers and may not contain hyphens, use an underscore "
+          "instead.",
+          current().line);
+    if (std::find(block_names_.begin(), block_names_.end(), node.name) != block_names_.end())
+      fail(fmt::format("block '{}' defined twice", node.name), name.line);
+    block_names_.push_back(node.name);
+    ContextGuard context(*this, false, true);
+    node.body = parse_statements({"endblock"}, true);
+    skip_name(node.name);
+    return node;
+  }
+
+  // The statements that load other templates parse as in jinja2 and fail when they run: the
+  // environment transformers builds has no loader.
+  NeedsLoader parse_needs_loader() {
+    Token tag = next();
+    NeedsLoader node{tag.text, parse_expression(true)};
+    if (tag.text == "include" && is_name(current(), "ignore") && is_name(look(), "missing")) {
+      next();
+      next();
+    }
+    if (tag.text == "import") {
+      expect_name("as");
+      expect_name();
+    }
+    if (tag.text == "from") {
+      expect_name("import");
+      while (current().type != TokenType::block_end && current().type != TokenType::eof) next();
+    }
+    if ((is_name(current(), "with") || is_name(current(), "without")) && is_name(look(), "context")) {
+      next();
+      next();
+    }
+    return node;
   }
 
   If parse_if() {
@@ -901,6 +951,7 @@ class Parser {
   }
 
   std::vector<Token> tokens_;
+  std::vector<std::string> block_names_;
   size_t pos_ = 0;
   int nesting_ = 0;
   bool soft_ = false;   // inside an if or conditional expression: unknown filters fail only when used

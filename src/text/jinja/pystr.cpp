@@ -478,7 +478,8 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
   return lines;
 }
 
-std::string replace(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count) {
+std::string replace(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count,
+                    size_t max_bytes) {
   if (count < 0) count = INT64_MAX;
   std::string out;
   if (old_text.empty()) {
@@ -488,6 +489,7 @@ std::string replace(std::string_view s, std::string_view old_text, std::string_v
     for (; i <= text.size() && count > 0; ++i, --count) {
       out += new_text;
       if (i < text.size()) append_utf8(out, text[i]);
+      if (out.size() > max_bytes) return out;
     }
     if (i < text.size()) out += encode_utf8(std::u32string_view(text).substr(i));
     return out;
@@ -499,6 +501,7 @@ std::string replace(std::string_view s, std::string_view old_text, std::string_v
     out.append(s.substr(pos, hit - pos));
     out.append(new_text);
     pos = hit + old_text.size();
+    if (out.size() > max_bytes) return out;
   }
   out.append(s.substr(pos));
   return out;

@@ -49,7 +49,9 @@ std::string strip(std::string_view s, const std::optional<std::string>& chars, S
 std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit);
 std::vector<std::string> rsplit(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit);
 std::vector<std::string> splitlines(std::string_view s, bool keepends);
-std::string replace(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count);
+// Stops early once the result is longer than max_bytes (the caller reports the limit).
+std::string replace(std::string_view s, std::string_view old_text, std::string_view new_text, int64_t count,
+                    size_t max_bytes = SIZE_MAX);
 
 // Python's slice-style adjustment of optional start/end against a length.
 void adjust_range(std::optional<int64_t> start, std::optional<int64_t> end, int64_t length, int64_t& lo, int64_t& hi);

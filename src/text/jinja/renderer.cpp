@@ -113,6 +113,22 @@ void Renderer::count_step() {
     fail(FailureKind::limit, "template exceeded kiln's limit of {} evaluation steps", options_.limits.max_steps);
 }
 
+void Renderer::charge(const Value& value) {
+  charge_units(value.weight());
+}
+
+void Renderer::charge(const CallArgs& args) {
+  uint64_t units = 0;
+  for (const Value& v : args.positional) units += v.weight();
+  for (const auto& [name, v] : args.keyword) units += v.weight();
+  charge_units(units);
+}
+
+void Renderer::charge_units(uint64_t units) {
+  steps_ += units;
+  count_step();
+}
+
 void Renderer::check_string(size_t bytes) const {
   if (bytes > options_.limits.max_output_bytes)
     fail(FailureKind::limit, "text of {} bytes exceeds kiln's output limit of {} bytes", bytes,
@@ -125,7 +141,7 @@ void Renderer::emit(std::string_view text) {
 }
 
 std::string Renderer::render(const ast::Body& body, const Variables& variables) {
-  Scope* root = new_scope(nullptr);
+  Scope* root = root_ = new_scope(nullptr);
   if (variables.is_object())
     for (const auto& [name, value] : variables.items()) root->set(name, from_json(value));
   std::string output;
@@ -134,7 +150,7 @@ std::string Renderer::render(const ast::Body& body, const Variables& variables) 
     std::vector<std::weak_ptr<Namespace>>& namespaces;
     ~ClearNamespaces() {
       for (auto& weak : namespaces)
-        if (auto ns = weak.lock()) ns->attributes = Dict();
+        if (auto ns = weak.lock()) ns->clear();
     }
   } clear{namespaces_};
   exec_body(body, root);
@@ -174,7 +190,9 @@ Renderer::Flow Renderer::run(const ast::Output& node, Scope*) {
 }
 
 Renderer::Flow Renderer::run(const ast::Print& node, Scope* scope) {
-  emit(to_str(eval(*node.expr, scope)));
+  Value value = eval(*node.expr, scope);
+  charge(value);
+  emit(str(value));
   return Flow::normal;
 }
 
@@ -190,6 +208,7 @@ Renderer::Flow Renderer::run(const ast::For& node, Scope* scope) {
 }
 
 Renderer::Flow Renderer::render_for(const ast::For& node, Scope* scope, const Value& iterable, int depth0) {
+  charge(iterable);
   List items = iterate(iterable);
   if (node.filter) {
     List kept;
@@ -245,8 +264,9 @@ void Renderer::assign(const ast::Target& target, const Value& value, Scope* scop
       return;
     case ast::Target::Kind::tuple: {
       if (!value.is_string() && !value.is_sequence() && !value.is_dict() && !value.is_undefined() &&
-          !value.object_as<Iterator>())
+          !value.object_as<Iterator>() && !value.object_as<DictView>())
         type_error("cannot unpack non-iterable {} object", type_name(value));
+      charge(value);
       List items = iterate(value);
       size_t expected = target.items.size();
       if (items.size() > expected) fail(FailureKind::runtime, "too many values to unpack (expected {})", expected);
@@ -259,7 +279,7 @@ void Renderer::assign(const ast::Target& target, const Value& value, Scope* scop
       const Value* ns_value = scope->find(target.name);
       Namespace* ns = ns_value ? ns_value->object_as<Namespace>() : nullptr;
       if (!ns) fail(FailureKind::runtime, "cannot assign attribute on non-namespace object");
-      ns->attributes.set(Value::string(target.attribute), value);
+      ns->set_attribute(target.attribute, value);
       return;
     }
   }
@@ -292,7 +312,7 @@ Renderer::Flow Renderer::run(const ast::MacroDef& node, Scope* scope) {
 Renderer::Flow Renderer::run(const ast::CallBlock& node, Scope* scope) {
   Value caller = Value::object(std::make_shared<Macro>(node.caller.get(), scope));
   const auto& call = std::get<ast::Call>(node.call->node);
-  emit(to_str(call_with_caller(call, std::move(caller), scope)));
+  emit(str(call_with_caller(call, std::move(caller), scope)));
   return Flow::normal;
 }
 
@@ -302,7 +322,7 @@ Renderer::Flow Renderer::run(const ast::FilterBlock& node, Scope* scope) {
   filter_block_input_ = &text;
   Value filtered = eval(*node.filter, scope);
   filter_block_input_ = saved;
-  emit(to_str(filtered));
+  emit(str(filtered));
   return Flow::normal;
 }
 
@@ -323,6 +343,18 @@ Renderer::Flow Renderer::run(const ast::Generation& node, Scope* scope) {
   // transformers' AssistantTracker renders the body through a caller() macro: a scope of its own.
   emit(render_to_string(node.body, new_scope(scope)));
   return Flow::normal;
+}
+
+Renderer::Flow Renderer::run(const ast::Block& node, Scope* scope) {
+  // A block renders with the template's variables, not the local ones, unless it is `scoped`.
+  if (node.required) fail(FailureKind::runtime, "Required block '{}' not found.", node.name);
+  emit(render_to_string(node.body, new_scope(node.scoped ? scope : root_)));
+  return Flow::normal;
+}
+
+Renderer::Flow Renderer::run(const ast::NeedsLoader& node, Scope* scope) {
+  eval(*node.template_name, scope);
+  fail(FailureKind::runtime, "no loader for this environment specified");
 }
 
 Value Renderer::invoke_macro(Macro& macro, CallArgs& args) {

@@ -83,7 +83,13 @@ class Renderer {
   const RenderLimits& limits() const { return options_.limits; }
   std::chrono::system_clock::time_point now() const { return now_; }
   void count_step();
+  // Counts work proportional to a value's size (builtins that walk or build big values).
+  void charge(const Value& value);
+  void charge(const CallArgs& args);
+  void charge_units(uint64_t units);
   void check_string(size_t bytes) const;
+  // str(value), bounded by the output limit.
+  std::string str(const Value& value) const { return to_str(value, options_.limits.max_output_bytes); }
 
  private:
   enum class Flow { normal, break_loop, continue_loop };
@@ -106,6 +112,8 @@ class Renderer {
   Flow run(const ast::Break& node, Scope* scope);
   Flow run(const ast::Continue& node, Scope* scope);
   Flow run(const ast::Generation& node, Scope* scope);
+  Flow run(const ast::Block& node, Scope* scope);
+  Flow run(const ast::NeedsLoader& node, Scope* scope);
 
   Flow render_for(const ast::For& node, Scope* scope, const Value& iterable, int depth0);
   std::string render_to_string(const ast::Body& body, Scope* scope);
@@ -134,6 +142,7 @@ class Renderer {
   const RenderOptions& options_;
   std::chrono::system_clock::time_point now_;
   std::deque<Scope> scopes_;
+  Scope* root_ = nullptr;  // the template's top-level scope
   std::vector<std::weak_ptr<Namespace>> namespaces_;
   std::string* out_ = nullptr;
   const Value* filter_block_input_ = nullptr;  // the body text a {% filter %} / {% set | f %} applies to

@@ -40,82 +40,82 @@ bool test_divisibleby(Renderer& r, const Value& v, CallArgs& args) {
   return equals(binary_operation(BinaryOp::modulo, v, num, r.limits()), Value::integer(0));
 }
 
-bool test_defined(Renderer&, const Value& v, CallArgs& args) {
+bool test_defined(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("defined", args), !v.is_undefined();
 }
-bool test_undefined(Renderer&, const Value& v, CallArgs& args) {
+bool test_undefined(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("undefined", args), v.is_undefined();
 }
 
-bool test_filter(Renderer&, const Value& v, CallArgs& args) {
+bool test_filter(Renderer& r, const Value& v, CallArgs& args) {
   no_arguments("filter", args);
   if (v.is_string()) return find_filter(v.as_string()) != nullptr;
   if (!is_hashable(v)) type_error("unhashable type: '{}'", type_name(v));
   return false;
 }
 
-bool test_test(Renderer&, const Value& v, CallArgs& args) {
+bool test_test(Renderer& r, const Value& v, CallArgs& args) {
   no_arguments("test", args);
   if (v.is_string()) return find_test(v.as_string()) != nullptr;
   if (!is_hashable(v)) type_error("unhashable type: '{}'", type_name(v));
   return false;
 }
 
-bool test_none(Renderer&, const Value& v, CallArgs& args) {
+bool test_none(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("none", args), v.is_none();
 }
-bool test_boolean(Renderer&, const Value& v, CallArgs& args) {
+bool test_boolean(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("boolean", args), v.is_bool();
 }
-bool test_false(Renderer&, const Value& v, CallArgs& args) {
+bool test_false(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("false", args), v.is_bool() && !v.as_bool();
 }
-bool test_true(Renderer&, const Value& v, CallArgs& args) {
+bool test_true(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("true", args), v.is_bool() && v.as_bool();
 }
-bool test_integer(Renderer&, const Value& v, CallArgs& args) {
+bool test_integer(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("integer", args), v.is_int();
 }
-bool test_float(Renderer&, const Value& v, CallArgs& args) {
+bool test_float(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("float", args), v.is_float();
 }
-bool test_lower(Renderer&, const Value& v, CallArgs& args) {
-  return no_arguments("lower", args), py::is_lower(to_str(v));
+bool test_lower(Renderer& r, const Value& v, CallArgs& args) {
+  return no_arguments("lower", args), py::is_lower(r.str(v));
 }
-bool test_upper(Renderer&, const Value& v, CallArgs& args) {
-  return no_arguments("upper", args), py::is_upper(to_str(v));
+bool test_upper(Renderer& r, const Value& v, CallArgs& args) {
+  return no_arguments("upper", args), py::is_upper(r.str(v));
 }
-bool test_string(Renderer&, const Value& v, CallArgs& args) {
+bool test_string(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("string", args), v.is_string();
 }
-bool test_mapping(Renderer&, const Value& v, CallArgs& args) {
+bool test_mapping(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("mapping", args), v.is_dict();
 }
-bool test_number(Renderer&, const Value& v, CallArgs& args) {
+bool test_number(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("number", args), v.is_number();
 }
 
 // len() and __getitem__ (undefined has both; so do dicts).
-bool test_sequence(Renderer&, const Value& v, CallArgs& args) {
+bool test_sequence(Renderer& r, const Value& v, CallArgs& args) {
   no_arguments("sequence", args);
   return v.is_string() || v.is_sequence() || v.is_dict() || v.is_undefined();
 }
 
-bool test_iterable(Renderer&, const Value& v, CallArgs& args) {
+bool test_iterable(Renderer& r, const Value& v, CallArgs& args) {
   no_arguments("iterable", args);
   return v.is_string() || v.is_sequence() || v.is_dict() || v.is_undefined() || v.object_as<Iterator>() ||
-         v.object_as<LoopState>();
+         v.object_as<DictView>() || v.object_as<LoopState>();
 }
 
 // Undefined is callable in jinja2 (calling it raises).
-bool test_callable(Renderer&, const Value& v, CallArgs& args) {
+bool test_callable(Renderer& r, const Value& v, CallArgs& args) {
   no_arguments("callable", args);
   return v.is_undefined() || (v.is_object() && v.as_object()->is_callable());
 }
 
 // Python's `is`: None and the bools are singletons, small ints are cached, everything else is
 // identity of the shared object.
-bool test_sameas(Renderer&, const Value& v, CallArgs& args) {
+bool test_sameas(Renderer& r, const Value& v, CallArgs& args) {
   const Value& other = one_argument("sameas", args, "other");
   if (v.kind() != other.kind() || v.is_undefined()) return false;
   switch (v.kind()) {
@@ -132,16 +132,16 @@ bool test_sameas(Renderer&, const Value& v, CallArgs& args) {
   }
 }
 
-bool test_escaped(Renderer&, const Value& v, CallArgs& args) {
+bool test_escaped(Renderer& r, const Value& v, CallArgs& args) {
   return no_arguments("escaped", args), v.is_markup();
 }
 
-bool test_in(Renderer&, const Value& v, CallArgs& args) {
+bool test_in(Renderer& r, const Value& v, CallArgs& args) {
   return contains(one_argument("in", args, "seq"), v);
 }
 
 template <CompareOp op>
-bool test_compare(Renderer&, const Value& v, CallArgs& args) {
+bool test_compare(Renderer& r, const Value& v, CallArgs& args) {
   if (args.positional.size() != 1 || !args.keyword.empty())
     type_error("expected 2 arguments, got {}", 1 + args.positional.size() + args.keyword.size());
   return compare(op, v, args.positional[0]);

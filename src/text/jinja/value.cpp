@@ -1,6 +1,7 @@
 // Python semantics of template values. See value.h.
 #include "text/jinja/value.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "text/jinja/pystr.h"
@@ -11,25 +12,48 @@ namespace kiln::jinja {
 
 const Value* Dict::find(const Value& key) const {
   if (key.is_string()) return find(std::string_view(key.as_string()));
-  for (const auto& [k, v] : items_)
-    if (equals(k, key)) return &v;
+  if (items_.size() <= kLinearSearchLimit || !is_hashable(key)) {
+    for (const auto& [k, v] : items_)
+      if (equals(k, key)) return &v;
+    return nullptr;
+  }
+  auto [begin, end] = index_.equal_range(hash_value(key));
+  for (auto it = begin; it != end; ++it)
+    if (equals(items_[it->second].first, key)) return &items_[it->second].second;
   return nullptr;
 }
 
 const Value* Dict::find(std::string_view key) const {
-  for (const auto& [k, v] : items_)
-    if (k.is_string() && k.as_string() == key) return &v;
+  if (items_.size() <= kLinearSearchLimit) {
+    for (const auto& [k, v] : items_)
+      if (k.is_string() && k.as_string() == key) return &v;
+    return nullptr;
+  }
+  auto [begin, end] = index_.equal_range(std::hash<std::string_view>{}(key));
+  for (auto it = begin; it != end; ++it) {
+    const Value& k = items_[it->second].first;
+    if (k.is_string() && k.as_string() == key) return &items_[it->second].second;
+  }
   return nullptr;
 }
 
+void Dict::build_index() {
+  index_.clear();
+  for (size_t i = 0; i < items_.size(); ++i)
+    if (is_hashable(items_[i].first)) index_.emplace(hash_value(items_[i].first), i);
+}
+
 void Dict::set(Value key, Value value) {
-  for (auto& [k, v] : items_) {
-    if (equals(k, key)) {
-      v = std::move(value);
-      return;
-    }
+  if (const Value* existing = find(key)) {
+    *const_cast<Value*>(existing) = std::move(value);
+    return;
   }
   items_.emplace_back(std::move(key), std::move(value));
+  if (items_.size() == kLinearSearchLimit + 1) {
+    build_index();
+  } else if (items_.size() > kLinearSearchLimit + 1 && is_hashable(items_.back().first)) {
+    index_.emplace(hash_value(items_.back().first), items_.size() - 1);
+  }
 }
 
 // --- Value constructors --------------------------------------------------------------------------
@@ -71,27 +95,64 @@ Value Value::string(std::string s, bool markup) {
   Value v;
   v.kind_ = Kind::string;
   v.markup_ = markup;
+  v.weight_ = uint32_t(std::min<size_t>(1 + s.size() / 64, UINT32_MAX));
   v.ptr_ = std::make_shared<std::string>(std::move(s));
   return v;
+}
+
+namespace {
+
+int items_depth(const List& items) {
+  int depth = 0;
+  for (const Value& item : items) depth = std::max(depth, item.depth());
+  return depth + 1;
+}
+
+uint32_t add_weights(uint64_t a, uint64_t b) {
+  return uint32_t(std::min<uint64_t>(a + b, UINT32_MAX));
+}
+
+uint32_t items_weight(const List& items) {
+  uint32_t weight = 1;
+  for (const Value& item : items) weight = add_weights(weight, item.weight());
+  return weight;
+}
+
+}  // namespace
+
+void Value::check_depth(int depth) {
+  if (depth > kMaxValueDepth) fail(FailureKind::limit, "values nested deeper than kiln's limit of {}", kMaxValueDepth);
 }
 
 Value Value::list(List items) {
   Value v;
   v.kind_ = Kind::list;
+  int depth = items_depth(items);
+  check_depth(depth);
+  v.depth_ = uint16_t(depth);
+  v.weight_ = items_weight(items);
   v.ptr_ = std::make_shared<List>(std::move(items));
   return v;
 }
 
 Value Value::tuple(List items) {
-  Value v;
+  Value v = list(std::move(items));
   v.kind_ = Kind::tuple;
-  v.ptr_ = std::make_shared<List>(std::move(items));
   return v;
 }
 
 Value Value::dict(Dict dict) {
   Value v;
   v.kind_ = Kind::dict;
+  int depth = 0;
+  uint32_t weight = 1;
+  for (const auto& [key, value] : dict.items()) {
+    depth = std::max({depth, key.depth(), value.depth()});
+    weight = add_weights(weight, add_weights(key.weight(), value.weight()));
+  }
+  check_depth(depth + 1);
+  v.depth_ = uint16_t(depth + 1);
+  v.weight_ = weight;
   v.ptr_ = std::make_shared<Dict>(std::move(dict));
   return v;
 }
@@ -101,6 +162,16 @@ Value Value::object(std::shared_ptr<Object> object) {
   v.kind_ = Kind::object;
   v.ptr_ = std::move(object);
   return v;
+}
+
+int Value::depth() const {
+  if (kind_ == Kind::object) return as_object()->depth();
+  return depth_;
+}
+
+uint32_t Value::weight() const {
+  if (kind_ == Kind::object) return as_object()->weight();
+  return weight_;
 }
 
 double Value::as_double() const {
@@ -130,14 +201,41 @@ Value Object::get_attribute(std::string_view name) {
   return Value::undefined(fmt::format("'{} object' has no attribute '{}'", type_name(), name));
 }
 
+Namespace::Namespace(Dict initial) {
+  for (const auto& [key, value] : initial.items())
+    set_attribute(key.is_string() ? key.as_string() : to_str(key), value);
+}
+
 std::string Namespace::repr() const {
-  return "<Namespace " + to_repr(Value::dict(attributes)) + ">";
+  std::string out;
+  append_repr(out, SIZE_MAX, 0);
+  return out;
+}
+
+void Namespace::append_repr(std::string& out, size_t max_bytes, int depth) const {
+  out += "<Namespace ";
+  // The attributes are a dict to Python, which may (through lists) contain this namespace again.
+  kiln::jinja::append_repr(out, Value::dict(attributes_), max_bytes, depth + 1);
+  out += ">";
+}
+
+void Namespace::set_attribute(std::string_view name, Value value) {
+  int depth = std::max(depth_, value.depth() + 2);  // namespace -> its dict -> value
+  if (depth > kMaxValueDepth) fail(FailureKind::limit, "values nested deeper than kiln's limit of {}", kMaxValueDepth);
+  depth_ = depth;
+  attributes_.set(Value::string(std::string(name)), std::move(value));
 }
 
 Value Namespace::get_attribute(std::string_view name) {
-  if (const Value* v = attributes.find(name)) return *v;
+  if (const Value* v = attributes_.find(name)) return *v;
   return Value::undefined(fmt::format("'jinja2.utils.Namespace object' has no attribute '{}'", name));
 }
+
+Iterator::Iterator(List items, std::string type_name)
+    : items_(std::move(items)),
+      type_name_(std::move(type_name)),
+      depth_(items_depth(items_)),
+      weight_(items_weight(items_)) {}
 
 std::string Iterator::repr() const {
   return fmt::format("<{} object>", type_name_);
@@ -153,6 +251,24 @@ bool Iterator::take_one(Value& out) {
   if (next_ >= items_.size()) return false;
   out = items_[next_++];
   return true;
+}
+
+DictView::DictView(List items, std::string type_name)
+    : items(std::move(items)),
+      type_name_(std::move(type_name)),
+      depth_(items_depth(this->items)),
+      weight_(items_weight(this->items)) {}
+
+std::string DictView::repr() const {
+  std::string out;
+  append_repr(out, SIZE_MAX, 0);
+  return out;
+}
+
+void DictView::append_repr(std::string& out, size_t max_bytes, int depth) const {
+  out += type_name_ + "(";
+  kiln::jinja::append_repr(out, Value::list(items), max_bytes, depth + 1);
+  out += ")";
 }
 
 // --- Python semantics ----------------------------------------------------------------------------
@@ -202,6 +318,7 @@ bool truthy(const Value& v) {
     case Value::Kind::dict:
       return !v.as_dict().empty();
     case Value::Kind::object:
+      if (auto* view = v.object_as<DictView>()) return !view->items.empty();
       return true;
   }
   return true;
@@ -279,7 +396,32 @@ bool is_hashable(const Value& v) {
   return true;
 }
 
-std::string to_str(const Value& v) {
+size_t hash_value(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::string:
+      return std::hash<std::string_view>{}(v.as_string());
+    case Value::Kind::boolean:
+    case Value::Kind::integer:
+      return std::hash<int64_t>{}(v.as_int());
+    case Value::Kind::floating: {
+      // Integral floats hash like the equal int (1.0 == 1).
+      double f = v.as_double();
+      if (f == std::trunc(f) && std::fabs(f) < 9.2e18) return std::hash<int64_t>{}(int64_t(f));
+      return std::hash<double>{}(f);
+    }
+    case Value::Kind::tuple: {
+      size_t h = 0x345678;
+      for (const Value& item : v.as_list()) h = h * 1000003 ^ hash_value(item);
+      return h;
+    }
+    case Value::Kind::object:
+      return std::hash<const void*>{}(v.identity());
+    default:
+      return size_t(v.kind());
+  }
+}
+
+std::string to_str(const Value& v, size_t max_bytes) {
   switch (v.kind()) {
     case Value::Kind::undefined:
       return "";
@@ -294,43 +436,60 @@ std::string to_str(const Value& v) {
     case Value::Kind::string:
       return v.as_string();
     default:
-      return to_repr(v);
+      return to_repr(v, max_bytes);
   }
 }
 
-std::string to_repr(const Value& v) {
+std::string to_repr(const Value& v, size_t max_bytes) {
+  std::string out;
+  append_repr(out, v, max_bytes, 0);
+  return out;
+}
+
+void append_repr(std::string& out, const Value& v, size_t max_bytes, int depth) {
+  // Values nest at most kMaxValueDepth deep; deeper recursion means a namespace that contains
+  // itself, which Python prints with "..." and kiln refuses.
+  if (depth > 2 * kMaxValueDepth) fail(FailureKind::limit, "repr of a value that contains itself");
   switch (v.kind()) {
     case Value::Kind::undefined:
-      return "Undefined";
+      out += "Undefined";
+      break;
     case Value::Kind::string:
-      return v.is_markup() ? "Markup(" + py::repr(v.as_string()) + ")" : py::repr(v.as_string());
+      out += v.is_markup() ? "Markup(" + py::repr(v.as_string()) + ")" : py::repr(v.as_string());
+      break;
     case Value::Kind::list:
     case Value::Kind::tuple: {
       const List& items = v.as_list();
-      std::string out = v.is_list() ? "[" : "(";
+      out += v.is_list() ? "[" : "(";
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += ", ";
-        out += to_repr(items[i]);
+        append_repr(out, items[i], max_bytes, depth + 1);
       }
       if (v.is_tuple() && items.size() == 1) out += ",";
       out += v.is_list() ? "]" : ")";
-      return out;
+      break;
     }
     case Value::Kind::dict: {
-      std::string out = "{";
+      out += "{";
       bool first = true;
       for (const auto& [key, value] : v.as_dict().items()) {
         if (!first) out += ", ";
         first = false;
-        out += to_repr(key) + ": " + to_repr(value);
+        append_repr(out, key, max_bytes, depth + 1);
+        out += ": ";
+        append_repr(out, value, max_bytes, depth + 1);
       }
-      return out + "}";
+      out += "}";
+      break;
     }
     case Value::Kind::object:
-      return v.as_object()->repr();
+      v.as_object()->append_repr(out, max_bytes, depth);
+      break;
     default:
-      return to_str(v);
+      out += to_str(v);
   }
+  if (out.size() > max_bytes)
+    fail(FailureKind::limit, "text of more than {} bytes exceeds kiln's output limit", max_bytes);
 }
 
 void fail_undefined(const Value& v) {
@@ -363,6 +522,7 @@ List iterate(const Value& v) {
     }
     case Value::Kind::object:
       if (auto* iterator = v.object_as<Iterator>()) return iterator->take_all();
+      if (auto* view = v.object_as<DictView>()) return view->items;
       break;
     default:
       break;
@@ -381,6 +541,9 @@ int64_t length(const Value& v) {
       return int64_t(v.as_list().size());
     case Value::Kind::dict:
       return int64_t(v.as_dict().size());
+    case Value::Kind::object:
+      if (auto* view = v.object_as<DictView>()) return int64_t(view->items.size());
+      [[fallthrough]];
     default:
       type_error("object of type '{}' has no len()", type_name(v));
   }
@@ -405,6 +568,11 @@ bool contains(const Value& haystack, const Value& needle) {
       if (auto* iterator = haystack.object_as<Iterator>()) {
         Value item;
         while (iterator->take_one(item))
+          if (equals(item, needle)) return true;
+        return false;
+      }
+      if (auto* view = haystack.object_as<DictView>()) {
+        for (const Value& item : view->items)
           if (equals(item, needle)) return true;
         return false;
       }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,11 @@ namespace kiln::jinja {
 class Value;
 class Object;
 class Renderer;
+
+// Containers nest at most this deep (Python allows about as much before its recursion limit);
+// every recursive walk over values (repr, equality, JSON) is bounded by it, and so is the
+// destruction of a chain of nested lists.
+constexpr int kMaxValueDepth = 256;
 
 using List = std::vector<Value>;
 
@@ -35,7 +41,12 @@ class Dict {
   void set(Value key, Value value);
 
  private:
+  // Small dicts (what chat templates see) are searched linearly; larger ones get a hash index so
+  // that building one stays linear.
+  static constexpr size_t kLinearSearchLimit = 8;
+  void build_index();
   std::vector<Item> items_;
+  std::unordered_multimap<size_t, size_t> index_;  // hash of a key -> position in items_
 };
 
 // What reading an undefined value reports if the template uses it where a value is needed.
@@ -89,10 +100,19 @@ class Value {
   const UndefinedInfo* undefined_info() const { return static_cast<const UndefinedInfo*>(ptr_.get()); }
   // Identity of shared payloads, for `is sameas` and for the identity-compared objects.
   const void* identity() const { return ptr_.get(); }
+  // Nesting depth: 0 for scalars and strings, 1 + the deepest item for containers.
+  int depth() const;
+  // Work units a builtin that walks this value may do: 1 per item, nested items included (shared
+  // ones counted each time they appear), 1 per 64 bytes of text. Saturates at 2^32-1.
+  uint32_t weight() const;
 
  private:
+  static void check_depth(int depth);
+
   Kind kind_ = Kind::undefined;
   bool markup_ = false;
+  uint16_t depth_ = 0;
+  uint32_t weight_ = 1;
   union {
     bool b;
     int64_t i;
@@ -113,6 +133,10 @@ class Object {
   virtual ~Object() = default;
   virtual std::string type_name() const = 0;  // Python's class name, for messages
   virtual std::string repr() const;
+  // repr() into `out`, for objects that hold values (bounded like to_repr).
+  virtual void append_repr(std::string& out, size_t max_bytes, int depth) const { out += repr(); }
+  virtual int depth() const { return 1; }
+  virtual uint32_t weight() const { return 1; }
   virtual bool is_callable() const { return false; }
   virtual Value call(Renderer& renderer, CallArgs& args);
   virtual Value get_attribute(std::string_view name);  // undefined Value when absent
@@ -121,34 +145,66 @@ class Object {
 // jinja2's namespace(): the one mutable mapping a template may assign to.
 class Namespace : public Object {
  public:
+  explicit Namespace(Dict initial = Dict());
   std::string type_name() const override { return "Namespace"; }
   std::string repr() const override;
+  void append_repr(std::string& out, size_t max_bytes, int depth) const override;
+  int depth() const override { return depth_; }
   Value get_attribute(std::string_view name) override;
-  Dict attributes;
+  void set_attribute(std::string_view name, Value value);
+  const Dict& attributes() const { return attributes_; }
+  void clear() { attributes_ = Dict(); }
+
+ private:
+  Dict attributes_;
+  int depth_ = 1;  // an upper bound: attributes only ever deepen it
 };
 
 // A one-shot iterator, as Python's generators (map/select filters) and reversed() are: always
 // true, no len(), and iterating it consumes what it yields.
 class Iterator : public Object {
  public:
-  Iterator(List items, std::string type_name) : items_(std::move(items)), type_name_(std::move(type_name)) {}
+  Iterator(List items, std::string type_name);
   std::string type_name() const override { return type_name_; }
   std::string repr() const override;
+  int depth() const override { return depth_; }
+  uint32_t weight() const override { return weight_; }
   List take_all();
   bool take_one(Value& out);
+  size_t remaining() const { return items_.size() - next_; }
 
  private:
   List items_;
   size_t next_ = 0;
   std::string type_name_;
+  int depth_;
+  uint32_t weight_;
+};
+
+// dict.keys(), .values() and .items(): re-iterable, sized, not subscriptable, not JSON.
+class DictView : public Object {
+ public:
+  DictView(List items, std::string type_name);
+  std::string type_name() const override { return type_name_; }
+  std::string repr() const override;
+  void append_repr(std::string& out, size_t max_bytes, int depth) const override;
+  int depth() const override { return depth_; }
+  uint32_t weight() const override { return weight_; }
+  const List items;
+
+ private:
+  std::string type_name_;
+  int depth_;
+  uint32_t weight_;
 };
 
 // A callable implemented in C++ (range, namespace, bound string methods, ...).
 class Builtin : public Object {
  public:
   using Function = std::function<Value(Renderer&, CallArgs&)>;
-  Builtin(std::string name, Function function, std::string repr)
-      : name_(std::move(name)), function_(std::move(function)), repr_(std::move(repr)) {}
+  Builtin(std::string name, Function function, std::string repr, uint32_t weight = 1)
+      : name_(std::move(name)), function_(std::move(function)), repr_(std::move(repr)), weight_(weight) {}
+  uint32_t weight() const override { return weight_; }
   std::string type_name() const override { return "builtin_function_or_method"; }
   std::string repr() const override { return repr_; }
   bool is_callable() const override { return true; }
@@ -159,6 +215,7 @@ class Builtin : public Object {
   std::string name_;
   Function function_;
   std::string repr_;
+  uint32_t weight_;  // of the value a bound method works on
 };
 
 // --- Python semantics ----------------------------------------------------------------------------
@@ -168,8 +225,11 @@ bool truthy(const Value& v);
 bool equals(const Value& a, const Value& b);
 bool less_than(const Value& a, const Value& b);  // a < b, or a TypeError
 bool is_hashable(const Value& v);
-std::string to_str(const Value& v);   // str(v)
-std::string to_repr(const Value& v);  // repr(v)
+size_t hash_value(const Value& v);  // consistent with equals() for hashable values
+// str(v) and repr(v); text longer than max_bytes raises a limit error instead.
+std::string to_str(const Value& v, size_t max_bytes = SIZE_MAX);
+std::string to_repr(const Value& v, size_t max_bytes = SIZE_MAX);
+void append_repr(std::string& out, const Value& v, size_t max_bytes, int depth);
 // Raises the error of using an undefined value (jinja2's _fail_with_undefined_error).
 [[noreturn]] void fail_undefined(const Value& v);
 // The items `for x in v` visits; undefined iterates as empty. Consumes iterators.

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -182,5 +183,11 @@ struct Stmt {
 struct TemplateBody {
   Body body;
 };
+
+// 1 + the height of the children (their depth fields must be set).
+int subtree_height(const Expr& e);
+// Whether a macro's defaults or body mention `name` (caller, varargs, kwargs make a macro accept
+// extra arguments, as in jinja2).
+bool mentions(const MacroDecl& macro, std::string_view name);
 
 }  // namespace kiln::jinja::ast

@@ -331,6 +331,7 @@ int main(int argc, char** argv) {
   uint64_t seed = std::random_device{}();
   bool verbose = false;
   std::string last_case_path;  // each template is written here before it runs, to catch a hang
+  long print_templates = 0;    // print this many templates (length-prefixed) and exit, for differential runs
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--seconds" && i + 1 < argc) {
@@ -341,8 +342,11 @@ int main(int argc, char** argv) {
       verbose = true;
     } else if (arg == "--last-case" && i + 1 < argc) {
       last_case_path = argv[++i];
+    } else if (arg == "--print-templates" && i + 1 < argc) {
+      print_templates = std::atol(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds N] [--seed S] [--verbose] [--last-case FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seconds N] [--seed S] [--verbose] [--last-case FILE] [--print-templates N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -356,6 +360,15 @@ int main(int argc, char** argv) {
   options.limits.max_call_depth = 64;
   options.now = std::chrono::system_clock::time_point(std::chrono::seconds(1700000000));
 
+  if (print_templates > 0) {
+    TemplateGenerator printer(seed);
+    for (long i = 0; i < print_templates; ++i) {
+      std::string source = printer.generate();  // as "<bytes>\n<template>"
+      std::printf("%zu\n", source.size());
+      std::fwrite(source.data(), 1, source.size(), stdout);
+    }
+    return 0;
+  }
   std::printf("kiln_jinja_fuzz: seed %llu, %.0f s\n", static_cast<unsigned long long>(seed), seconds);
   std::fflush(stdout);
   TemplateGenerator generator(seed);

@@ -37,7 +37,6 @@ BoundArguments bind_arguments(std::string_view function, const CallArgs& args,
 
 int64_t integer_argument(std::string_view function, const Value& v) {
   if (v.is_int() || v.is_bool()) return v.as_int();
-  if (v.is_undefined()) fail_undefined(v);
   type_error("{}(): '{}' object cannot be interpreted as an integer", function, type_name(v));
 }
 

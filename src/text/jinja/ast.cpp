@@ -122,7 +122,7 @@ struct NameFinder {
   }
   void stmt(const Break&) {}
   void stmt(const Continue&) {}
-  void stmt(const Generation& n) { body(n.body); }
+  void stmt(const Generation& n) { macro(*n.caller); }
   void stmt(const Block& n) { body(n.body); }
   void stmt(const NeedsLoader& n) { expr(n.template_name); }
 };
@@ -137,6 +137,47 @@ bool mentions(const MacroDecl& macro, std::string_view name) {
 
 int subtree_height(const Expr& e) {
   return 1 + std::visit(ChildDepth{}, e.node);
+}
+
+namespace {
+
+bool constant(const ExprPtr& e) {
+  return !e || is_constant(*e);
+}
+
+bool all_constant(const std::vector<ExprPtr>& items) {
+  return std::all_of(items.begin(), items.end(), [](const ExprPtr& e) { return is_constant(*e); });
+}
+
+struct ConstantCheck {
+  bool operator()(const Literal&) const { return true; }
+  bool operator()(const ListLiteral& n) const { return all_constant(n.items); }
+  bool operator()(const TupleLiteral& n) const { return all_constant(n.items); }
+  bool operator()(const DictLiteral& n) const {
+    return std::all_of(n.items.begin(), n.items.end(),
+                       [](const auto& kv) { return constant(kv.first) && constant(kv.second); });
+  }
+  bool operator()(const GetAttr& n) const { return constant(n.object); }
+  bool operator()(const GetItem& n) const { return constant(n.object) && constant(n.key); }
+  bool operator()(const Slice& n) const { return constant(n.start) && constant(n.stop) && constant(n.step); }
+  bool operator()(const Unary& n) const { return constant(n.operand); }
+  bool operator()(const Binary& n) const { return constant(n.left) && constant(n.right); }
+  bool operator()(const Concat& n) const { return all_constant(n.parts); }
+  bool operator()(const Compare& n) const {
+    return constant(n.first) &&
+           std::all_of(n.rest.begin(), n.rest.end(), [](const auto& r) { return constant(r.second); });
+  }
+  bool operator()(const Conditional& n) const { return constant(n.test) && constant(n.then) && constant(n.otherwise); }
+  template <typename Other>
+  bool operator()(const Other&) const {
+    return false;  // names, calls, filters and tests
+  }
+};
+
+}  // namespace
+
+bool is_constant(const Expr& e) {
+  return std::visit(ConstantCheck{}, e.node);
 }
 
 }  // namespace kiln::jinja::ast

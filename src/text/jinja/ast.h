@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,7 +28,12 @@ struct Arguments {
 };
 
 struct Literal {
+  Literal() = default;
+  explicit Literal(Value v, std::string name_error = "") : value(std::move(v)), name_error(std::move(name_error)) {}
   Value value;
+  // jinja2 writes folded constants into its generated Python with repr(), and a float inf or nan
+  // comes out as the bare name `inf`/`nan`: evaluating such a constant at runtime is a NameError.
+  std::string name_error;
 };
 struct Name {
   std::string name;
@@ -102,6 +108,7 @@ struct Target {
   std::string name;       // name, or the namespace variable
   std::string attribute;  // namespace_attribute only
   std::vector<Target> items;
+  int line = 0;
 };
 
 // A macro's signature and body; also the body of a {% call %} block (its `caller`).
@@ -112,13 +119,19 @@ struct MacroDecl {
   Body body;
   // Whether the body mentions the special names that make the macro accept extra arguments.
   bool uses_caller = false, uses_varargs = false, uses_kwargs = false;
+  // Names this frame assigns before reading them: jinja2 starts such a variable out undefined (not
+  // the outer value), which nested macros and blocks see until the assignment runs (frames.cpp).
+  std::vector<std::string> unset_names;
 };
 
 struct Output {  // template data
   std::string text;
 };
 struct Print {  // {{ expr }}
+  explicit Print(ExprPtr e) : expr(std::move(e)) {}
   ExprPtr expr;
+  // A constant expression jinja2 evaluates when it compiles the template (fold.cpp), as text.
+  std::optional<std::string> constant_text;
 };
 struct If {
   std::vector<std::pair<ExprPtr, Body>> branches;  // if / elif
@@ -131,6 +144,10 @@ struct For {
   bool recursive = false;
   Body body;
   Body otherwise;  // {% else %}: runs when nothing was iterated
+  // Names this frame assigns before reading them: jinja2 starts such a variable out undefined (not
+  // the outer value), which nested macros and blocks see until the assignment runs (frames.cpp).
+  std::vector<std::string> unset_names;
+  std::vector<std::string> otherwise_unset_names;
 };
 struct Set {
   Target target;
@@ -140,6 +157,9 @@ struct SetBlock {  // {% set x | filter %}...{% endset %}
   Target target;
   ExprPtr filter;  // null, or a Filter chain whose innermost operand is null
   Body body;
+  // Names this frame assigns before reading them: jinja2 starts such a variable out undefined (not
+  // the outer value), which nested macros and blocks see until the assignment runs (frames.cpp).
+  std::vector<std::string> unset_names;
 };
 struct MacroDef {
   std::shared_ptr<MacroDecl> macro;
@@ -151,22 +171,31 @@ struct CallBlock {  // {% call(args) macro(...) %}body{% endcall %}
 struct FilterBlock {
   ExprPtr filter;  // Filter chain whose innermost operand is null
   Body body;
+  // Names this frame assigns before reading them: jinja2 starts such a variable out undefined (not
+  // the outer value), which nested macros and blocks see until the assignment runs (frames.cpp).
+  std::vector<std::string> unset_names;
 };
 struct With {
   std::vector<Target> targets;
   std::vector<ExprPtr> values;
   Body body;
+  // Names this frame assigns before reading them: jinja2 starts such a variable out undefined (not
+  // the outer value), which nested macros and blocks see until the assignment runs (frames.cpp).
+  std::vector<std::string> unset_names;
 };
 struct Break {};
 struct Continue {};
-struct Generation {  // transformers' {% generation %} block: renders its body
-  Body body;
+struct Generation {  // transformers' {% generation %} block: a call block whose caller() renders the body
+  std::shared_ptr<MacroDecl> caller;
 };
 struct Block {  // {% block name [scoped] %}: rendered in place (no inheritance without a loader)
   std::string name;
   bool scoped = false;
   bool required = false;
   Body body;
+  // Names this frame assigns before reading them: jinja2 starts such a variable out undefined (not
+  // the outer value), which nested macros and blocks see until the assignment runs (frames.cpp).
+  std::vector<std::string> unset_names;
 };
 struct NeedsLoader {  // extends, include, import, from: transformers' environment has no loader
   std::string tag;
@@ -182,10 +211,16 @@ struct Stmt {
 
 struct TemplateBody {
   Body body;
+  // Names this frame assigns before reading them: jinja2 starts such a variable out undefined (not
+  // the outer value), which nested macros and blocks see until the assignment runs (frames.cpp).
+  std::vector<std::string> unset_names;
 };
 
 // 1 + the height of the children (their depth fields must be set).
 int subtree_height(const Expr& e);
+// Whether jinja2's optimizer would fold this expression to a constant (literals, and operators,
+// subscripts and attributes of constants).
+bool is_constant(const Expr& e);
 // Whether a macro's defaults or body mention `name` (caller, varargs, kwargs make a macro accept
 // extra arguments, as in jinja2).
 bool mentions(const MacroDecl& macro, std::string_view name);

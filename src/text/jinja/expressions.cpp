@@ -34,6 +34,7 @@ Value Renderer::eval(const ast::Expr& expr, Scope* scope) {
 }
 
 Value Renderer::eval_node(const ast::Literal& node, Scope*) {
+  if (!node.name_error.empty()) fail(FailureKind::runtime, "name '{}' is not defined", node.name_error);
   return node.value;
 }
 
@@ -75,21 +76,26 @@ Value Renderer::eval_node(const ast::GetAttr& node, Scope* scope) {
 Value Renderer::eval_node(const ast::GetItem& node, Scope* scope) {
   Value object = eval(*node.object, scope);
   if (const auto* range = std::get_if<ast::Slice>(&node.key->node)) {
-    if (object.is_undefined()) fail_undefined(object);
     auto bound = [&](const ast::ExprPtr& e, bool& valid) -> std::optional<int64_t> {
       if (!e) return std::nullopt;
       Value v = eval(*e, scope);
       if (v.is_none()) return std::nullopt;
       if (v.is_int() || v.is_bool()) return v.as_int();
-      valid = false;  // TypeError, which jinja2's getitem turns into an undefined value
+      valid = false;
       return std::nullopt;
     };
     bool valid = true;
     auto start = bound(range->start, valid);
     auto stop = bound(range->stop, valid);
     auto step = bound(range->step, valid);
-    if (valid && (object.is_string() || object.is_sequence())) return slice(object, start, stop, step);
-    return Value::undefined(fmt::format("{} has no element slice", object_type_repr(object)));
+    if (object.is_undefined()) fail_undefined(object);
+    charge(object);
+    bool sliceable = object.is_string() || object.is_sequence();
+    if (sliceable && valid) return slice(object, start, stop, step);
+
+    if (sliceable) type_error("slice indices must be integers or None or have an __index__ method");
+    if (object.is_dict()) type_error("unhashable type: 'slice'");
+    type_error("'{}' object is not subscriptable", type_name(object));
   }
   Value key = eval(*node.key, scope);
   charge(key);
@@ -233,9 +239,10 @@ Value Renderer::eval_node(const ast::Conditional& node, Scope* scope) {
 // jinja2's SandboxedEnvironment.getattr: the Python attribute first (if the sandbox allows it),
 // then the item of that name, else undefined.
 Value Renderer::get_attribute(const Value& object, std::string_view name) {
-  if (object.is_undefined()) fail_undefined(object);
-  // Every Python object has double-underscore attributes, and the sandbox refuses them all.
+  // Every Python object (undefined ones too) has double-underscore attributes, and the sandbox
+  // refuses them all.
   if (name.size() >= 2 && name.substr(0, 2) == "__") return unsafe_attribute(object, name);
+  if (object.is_undefined()) fail_undefined(object);
   if (object.is_object()) return object.as_object()->get_attribute(name);
   bool found = false;
   Value attribute = python_attribute(object, name, found);

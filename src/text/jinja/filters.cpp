@@ -25,6 +25,24 @@ Value soft_str(Renderer& r, const Value& v) {
   return v.is_string() ? v : Value::string(r.str(v));
 }
 
+Value generator(Iterator::Next next, const Value& source) {
+  return Value::object(std::make_shared<Iterator>(std::move(next), source, "generator"));
+}
+
+Iterator::Next lazy_items(const Value& value) {
+  // Python's `for item in value` inside a generator: an iterator is pulled one item at a time; a
+  // container is read (and a non-iterable rejected) when the generator first runs.
+  if (value.object_as<Iterator>()) return [value](Value& out) { return value.object_as<Iterator>()->take_one(out); };
+  auto items = std::make_shared<std::optional<List>>();
+  auto position = std::make_shared<size_t>(0);
+  return [value, items, position](Value& out) {
+    if (!*items) *items = iterate(value);
+    if (*position >= (*items)->size()) return false;
+    out = (**items)[(*position)++];
+    return true;
+  };
+}
+
 Value generator(List items, std::string type) {
   return Value::object(std::make_shared<Iterator>(std::move(items), std::move(type)));
 }
@@ -187,23 +205,35 @@ Value filter_attr(Renderer& r, const Value& v, CallArgs& args) {
 
 Value filter_batch(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("batch", args, {{"linecount", {}}, {"fill_with", Value::none()}});
-  List batches, current;
-  for (Value& item : iterate(v)) {
-    if (equals(Value::integer(int64_t(current.size())), a[0])) {
-      batches.push_back(Value::list(std::move(current)));
-      current.clear();
-    }
-    current.push_back(std::move(item));
-  }
-  if (!current.empty()) {
-    if (!a[1].is_none()) {
-      int64_t want = integer_argument("batch", a[0]);
-      if (want > int64_t(r.limits().max_container_items)) fail(FailureKind::limit, "batch size exceeds kiln's limit");
-      while (int64_t(current.size()) < want) current.push_back(a[1]);
-    }
-    batches.push_back(Value::list(std::move(current)));
-  }
-  return generator(std::move(batches));
+  Value linecount = a[0], fill_with = a[1];
+  auto items = lazy_items(v);
+  auto current = std::make_shared<List>();
+  auto finished = std::make_shared<bool>(false);
+  return generator(
+      [&r, items, linecount, fill_with, current, finished](Value& out) {
+        if (*finished) return false;
+        Value item;
+        while (items(item)) {
+          r.count_step();
+          if (equals(Value::integer(int64_t(current->size())), linecount)) {
+            out = Value::list(std::move(*current));
+            *current = {std::move(item)};
+            return true;
+          }
+          current->push_back(std::move(item));
+        }
+        *finished = true;
+        if (current->empty()) return false;
+        if (!fill_with.is_none()) {
+          int64_t want = integer_argument("batch", linecount);
+          if (want > int64_t(r.limits().max_container_items))
+            fail(FailureKind::limit, "batch size exceeds kiln's limit");
+          while (int64_t(current->size()) < want) current->push_back(fill_with);
+        }
+        out = Value::list(std::move(*current));
+        return true;
+      },
+      v);
 }
 
 Value filter_default(Renderer& r, const Value& v, CallArgs& args) {
@@ -251,6 +281,7 @@ Value filter_first(Renderer& r, const Value& v, CallArgs& args) {
 
 Value filter_float(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("float", args, {{"default", Value::floating(0.0)}});
+  if (v.is_undefined()) fail_undefined(v);  // Undefined.__float__ raises
   if (v.is_number()) return Value::floating(v.as_double());
   double parsed;
   if (v.is_string() && parse_python_float(v.as_string(), parsed)) return Value::floating(parsed);
@@ -259,6 +290,7 @@ Value filter_float(Renderer& r, const Value& v, CallArgs& args) {
 
 Value filter_int(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("int", args, {{"default", Value::integer(0)}, {"base", Value::integer(10)}});
+  if (v.is_undefined()) fail_undefined(v);  // Undefined.__int__ raises
   if (v.is_int() || v.is_bool()) return Value::integer(v.as_int());
   if (v.is_float()) {
     double f = v.as_double();
@@ -281,11 +313,18 @@ Value filter_int(Renderer& r, const Value& v, CallArgs& args) {
 
 Value filter_items(Renderer& r, const Value& v, CallArgs& args) {
   bind_arguments("items", args, {});
-  if (v.is_undefined()) return generator({});
-  if (!v.is_dict()) fail(FailureKind::runtime, "Can only get item pairs from a mapping.");
-  List pairs;
-  for (const auto& [key, value] : v.as_dict().items()) pairs.push_back(Value::tuple({key, value}));
-  return generator(std::move(pairs));
+  auto position = std::make_shared<size_t>(0);
+  return generator(
+      [v, position](Value& out) {
+        if (v.is_undefined()) return false;
+        if (!v.is_dict()) fail(FailureKind::runtime, "Can only get item pairs from a mapping.");
+        const auto& items = v.as_dict().items();
+        if (*position >= items.size()) return false;
+        const auto& [key, value] = items[(*position)++];
+        out = Value::tuple({key, value});
+        return true;
+      },
+      v);
 }
 
 Value filter_join(Renderer& r, const Value& v, CallArgs& args) {
@@ -321,71 +360,110 @@ Value filter_list(Renderer& r, const Value& v, CallArgs& args) {
 }
 
 Value filter_map(Renderer& r, const Value& v, CallArgs& args) {
-  if (!truthy(v)) return generator({});
-  List items = iterate(v);
-  List out;
-  out.reserve(items.size());
-  bool has_attribute = false;
-  for (const auto& [name, value] : args.keyword) has_attribute = has_attribute || name == "attribute";
-  if (args.positional.empty() && has_attribute) {
-    Value attribute, fallback = Value::none();
-    for (const auto& [name, value] : args.keyword) {
-      if (name == "attribute")
-        attribute = value;
-      else if (name == "default")
-        fallback = value;
-      else
-        fail(FailureKind::runtime, "Unexpected keyword argument '{}'", name);
-    }
-    for (const Value& item : items) out.push_back(attribute_path(r, item, attribute, &fallback, false));
-    return generator(std::move(out));
-  }
-  if (args.positional.empty()) fail(FailureKind::runtime, "map requires a filter argument");
-  Value name = args.positional.front();
-  CallArgs rest;
-  rest.positional.assign(args.positional.begin() + 1, args.positional.end());
-  rest.keyword = args.keyword;
-  if (!name.is_string()) fail(FailureKind::runtime, "No filter named {} found.", to_repr(name));
-  for (const Value& item : items) {
-    CallArgs call = rest;
-    out.push_back(r.apply_filter(name.as_string(), item, call));
-  }
-  return generator(std::move(out));
+  // Like jinja2's generator, nothing (not even the argument checks) runs until it is consumed.
+  struct State {
+    bool started = false;
+    Iterator::Next items;
+    bool by_attribute = false;
+    Value attribute, fallback = Value::none(), filter_name;
+    CallArgs filter_args;
+  };
+  auto state = std::make_shared<State>();
+  CallArgs call = args;
+  return generator(
+      [&r, v, call, state](Value& out) {
+        State& s = *state;
+        if (!s.started) {
+          s.started = true;
+          if (!truthy(v)) return false;
+          bool has_attribute = std::any_of(call.keyword.begin(), call.keyword.end(),
+                                           [](const auto& kw) { return kw.first == "attribute"; });
+          if (call.positional.empty() && has_attribute) {
+            s.by_attribute = true;
+            for (const auto& [name, value] : call.keyword) {
+              if (name == "attribute") {
+                s.attribute = value;
+              } else if (name == "default") {
+                s.fallback = value;
+              } else {
+                fail(FailureKind::runtime, "Unexpected keyword argument '{}'", name);
+              }
+            }
+          } else {
+            if (call.positional.empty()) fail(FailureKind::runtime, "map requires a filter argument");
+            s.filter_name = call.positional.front();
+            s.filter_args.positional.assign(call.positional.begin() + 1, call.positional.end());
+            s.filter_args.keyword = call.keyword;
+            if (!s.filter_name.is_string())
+              fail(FailureKind::runtime, "No filter named {} found.", to_repr(s.filter_name));
+          }
+          s.items = lazy_items(v);
+        }
+        Value item;
+        if (!s.items(item)) return false;
+        if (s.by_attribute) {
+          out = attribute_path(r, item, s.attribute, &s.fallback, false);
+        } else {
+          CallArgs call_args = s.filter_args;
+          out = r.apply_filter(s.filter_name.as_string(), item, call_args);
+        }
+        return true;
+      },
+      v);
 }
 
 // select / reject / selectattr / rejectattr (jinja2's select_or_reject).
 Value select_or_reject(Renderer& r, const Value& v, CallArgs& args, bool keep_matches, bool by_attribute) {
-  if (!truthy(v)) return generator({});
-  size_t offset = 0;
-  Value attribute;
-  if (by_attribute) {
-    if (args.positional.empty()) fail(FailureKind::runtime, "Missing parameter for attribute name");
-    attribute = args.positional[0];
-    offset = 1;
-  }
-  std::optional<std::string> test;
-  CallArgs test_args;
-  if (args.positional.size() > offset) {
-    const Value& name = args.positional[offset];
-    if (!name.is_string()) fail(FailureKind::runtime, "No test named {} found.", to_repr(name));
-    test = name.as_string();
-    test_args.positional.assign(args.positional.begin() + static_cast<std::ptrdiff_t>(offset) + 1,
-                                args.positional.end());
-    test_args.keyword = args.keyword;
-  }
-  List out;
-  for (Value& item : iterate(v)) {
-    Value subject = by_attribute ? attribute_path(r, item, attribute, nullptr, false) : item;
-    bool passed;
-    if (test) {
-      CallArgs call = test_args;
-      passed = r.apply_test(*test, subject, call);
-    } else {
-      passed = truthy(subject);
-    }
-    if (passed == keep_matches) out.push_back(std::move(item));
-  }
-  return generator(std::move(out));
+  struct State {
+    bool started = false;
+    Iterator::Next items;
+    Value attribute;
+    std::optional<std::string> test;
+    CallArgs test_args;
+  };
+  auto state = std::make_shared<State>();
+  CallArgs call = args;
+  return generator(
+      [&r, v, call, state, keep_matches, by_attribute](Value& out) {
+        State& s = *state;
+        if (!s.started) {
+          s.started = true;
+          if (!truthy(v)) return false;
+          size_t offset = 0;
+          if (by_attribute) {
+            if (call.positional.empty()) fail(FailureKind::runtime, "Missing parameter for attribute name");
+            s.attribute = call.positional[0];
+            offset = 1;
+          }
+          if (call.positional.size() > offset) {
+            const Value& name = call.positional[offset];
+            if (!name.is_string()) fail(FailureKind::runtime, "No test named {} found.", to_repr(name));
+            s.test = name.as_string();
+            s.test_args.positional.assign(call.positional.begin() + static_cast<std::ptrdiff_t>(offset) + 1,
+                                          call.positional.end());
+            s.test_args.keyword = call.keyword;
+          }
+          s.items = lazy_items(v);
+        }
+        Value item;
+        while (s.items(item)) {
+          r.count_step();
+          Value subject = by_attribute ? attribute_path(r, item, s.attribute, nullptr, false) : item;
+          bool passed;
+          if (s.test) {
+            CallArgs test_args = s.test_args;
+            passed = r.apply_test(*s.test, subject, test_args);
+          } else {
+            passed = truthy(subject);
+          }
+          if (passed == keep_matches) {
+            out = std::move(item);
+            return true;
+          }
+        }
+        return false;
+      },
+      v);
 }
 
 Value filter_select(Renderer& r, const Value& v, CallArgs& args) {
@@ -489,24 +567,40 @@ Value filter_round(Renderer& r, const Value& v, CallArgs& args) {
 
 Value filter_slice(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("slice", args, {{"slices", {}}, {"fill_with", Value::none()}});
-  List seq = iterate(v);
-  int64_t slices = integer_argument("slice", a[0]);
-  if (slices == 0) fail(FailureKind::runtime, "integer division or modulo by zero");
-  int64_t length = int64_t(seq.size());
-  int64_t per_slice = length / slices, with_extra = length % slices;
-  List out;
-  int64_t offset = 0;
-  if (slices > int64_t(r.limits().max_container_items)) fail(FailureKind::limit, "slice count exceeds kiln's limit");
-  for (int64_t n = 0; n < slices; ++n) {
-    int64_t start = offset + n * per_slice;
-    if (n < with_extra) offset += 1;
-    int64_t end = offset + (n + 1) * per_slice;
-    List part;
-    for (int64_t i = std::max<int64_t>(start, 0); i < std::min(end, length); ++i) part.push_back(seq[size_t(i)]);
-    if (!a[1].is_none() && n >= with_extra) part.push_back(a[1]);
-    out.push_back(Value::list(std::move(part)));
-  }
-  return generator(std::move(out));
+  Value slices_value = a[0], fill_with = a[1];
+  struct State {
+    bool started = false;
+    List seq;
+    int64_t slices = 0, per_slice = 0, with_extra = 0, offset = 0, n = 0;
+  };
+  auto state = std::make_shared<State>();
+  return generator(
+      [&r, v, slices_value, fill_with, state](Value& out) {
+        State& s = *state;
+        if (!s.started) {
+          s.started = true;
+          s.seq = iterate(v);
+          s.slices = integer_argument("slice", slices_value);
+          if (s.slices == 0) fail(FailureKind::runtime, "integer division or modulo by zero");
+          int64_t length = int64_t(s.seq.size());
+          // Python's floor division and modulo.
+          s.per_slice = length / s.slices - ((length % s.slices != 0 && ((length < 0) != (s.slices < 0))) ? 1 : 0);
+          s.with_extra = length - s.per_slice * s.slices;
+        }
+        if (s.n >= s.slices) return false;
+        r.count_step();
+        int64_t length = int64_t(s.seq.size());
+        int64_t start = s.offset + s.n * s.per_slice;
+        if (s.n < s.with_extra) s.offset += 1;
+        int64_t end = s.offset + (s.n + 1) * s.per_slice;
+        List part;
+        for (int64_t i = std::max<int64_t>(start, 0); i < std::min(end, length); ++i) part.push_back(s.seq[size_t(i)]);
+        if (!fill_with.is_none() && s.n >= s.with_extra) part.push_back(fill_with);
+        ++s.n;
+        out = Value::list(std::move(part));
+        return true;
+      },
+      v);
 }
 
 Value filter_sort(Renderer& r, const Value& v, CallArgs& args) {
@@ -534,17 +628,26 @@ Value filter_sum(Renderer& r, const Value& v, CallArgs& args) {
 
 Value filter_unique(Renderer& r, const Value& v, CallArgs& args) {
   auto a = bind_arguments("unique", args, {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
-  Dict seen;  // a set: keys only
-  List out;
-  for (Value& item : iterate(v)) {
-    Value key = attribute_path(r, item, a[1], nullptr, !truthy(a[0]));
-    if (!is_hashable(key)) type_error("unhashable type: '{}'", type_name(key));
-    if (!seen.find(key)) {
-      seen.set(std::move(key), Value::none());
-      out.push_back(std::move(item));
-    }
-  }
-  return generator(std::move(out));
+  bool lowercase = !truthy(a[0]);
+  Value attribute = a[1];
+  auto items = lazy_items(v);
+  auto seen = std::make_shared<Dict>();  // a set: keys only
+  return generator(
+      [&r, items, seen, lowercase, attribute](Value& out) {
+        Value item;
+        while (items(item)) {
+          r.count_step();
+          Value key = attribute_path(r, item, attribute, nullptr, lowercase);
+          if (!is_hashable(key)) type_error("unhashable type: '{}'", type_name(key));
+          if (!seen->find(key)) {
+            seen->set(std::move(key), Value::none());
+            out = std::move(item);
+            return true;
+          }
+        }
+        return false;
+      },
+      v);
 }
 
 }  // namespace filters

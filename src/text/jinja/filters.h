@@ -11,8 +11,12 @@ namespace kiln::jinja::filters {
 
 // str(v) unless v is already a string (jinja2's soft_str keeps Markup).
 Value soft_str(Renderer& r, const Value& v);
-// A one-shot iterator over items, as jinja2's generator-returning filters give.
+// A one-shot iterator over items, as jinja2's generator-returning filters give; or a lazy one that
+// runs `next` as it is consumed (`source` is what it reads, for bookkeeping).
 Value generator(List items, std::string type = "generator");
+Value generator(Iterator::Next next, const Value& source);
+// Python's iteration of `value` from inside a generator: pulled item by item.
+Iterator::Next lazy_items(const Value& value);
 // jinja2's make_attrgetter: a dotted path ("a.b.0"), each part looked up with getitem; digit
 // parts are integers. `fallback` replaces undefined steps; `lowercase` is ignore_case.
 Value attribute_path(Renderer& r, Value item, const Value& attribute, const Value* fallback, bool lowercase);

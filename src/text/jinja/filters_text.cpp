@@ -179,7 +179,7 @@ Value filter_striptags(Renderer& r, const Value& v, CallArgs& args) {
   }
   std::string collapsed;
   for (const std::string& word : py::split(value, std::nullopt, -1)) collapsed += (collapsed.empty() ? "" : " ") + word;
-  return Value::string(unescape_html(collapsed), true);
+  return Value::string(unescape_html(collapsed));  // Markup.unescape() gives a plain str
 }
 
 Value filter_title(Renderer& r, const Value& v, CallArgs& args) {

@@ -151,7 +151,9 @@ std::string format_percent_item(const PercentSpec& spec, const Value& v, size_t 
 
 std::string percent_format(std::string_view format, const Value& args, size_t max_bytes) {
   const List* positional = args.is_tuple() ? &args.as_list() : nullptr;
-  const Dict* mapping = args.is_dict() ? &args.as_dict() : nullptr;
+  // Python's PyMapping_Check: anything with __getitem__ but a tuple or a str. Such an argument is
+  // both the mapping for %(key)s and the value of a bare %s, and is never "not all converted".
+  const bool mapping = args.is_dict() || args.is_list() || args.is_undefined();
   size_t next_arg = 0;
   bool single_used = false;
   auto take = [&]() -> Value {
@@ -185,7 +187,9 @@ std::string percent_format(std::string_view format, const Value& args, size_t ma
       }
       if (depth > 0) fail(FailureKind::runtime, "incomplete format key");
       std::string key = py::encode_utf8(std::u32string_view(text).substr(key_start, i - 1 - key_start));
-      const Value* found = mapping->find(std::string_view(key));
+      if (args.is_undefined()) fail_undefined(args);
+      if (args.is_list()) type_error("list indices must be integers or slices, not str");
+      const Value* found = args.as_dict().find(std::string_view(key));
       if (!found) fail(FailureKind::runtime, "{}", py::repr(key));
       keyed = *found;
     }

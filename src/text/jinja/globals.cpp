@@ -44,6 +44,7 @@ Dict dict_from_arguments(std::string_view function, const CallArgs& args) {
   Dict dict;
   if (!args.positional.empty()) {
     const Value& source = args.positional[0];
+    if (source.is_undefined()) fail_undefined(source);  // Python asks it for .keys first
     if (source.is_dict()) {
       dict = source.as_dict();
     } else {

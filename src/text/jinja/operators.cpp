@@ -151,6 +151,9 @@ Value power(const Value& a, const Value& b) {
 }  // namespace
 
 Value binary_operation(BinaryOp op, const Value& a, const Value& b, const RenderLimits& limits) {
+  // str % x formats even an undefined x (Python treats anything with __getitem__ as a mapping).
+  if (op == BinaryOp::modulo && a.is_string())
+    return Value::string(percent_format(a.as_string(), b, limits.max_output_bytes), a.is_markup());
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   switch (op) {

@@ -1,4 +1,5 @@
 // jinja2's parser (parser.py): expressions, with its precedence. See parser_impl.h.
+#include <cmath>
 #include <optional>
 
 #include "text/jinja/builtins.h"
@@ -15,7 +16,6 @@ ExprPtr Parser::parse_conditional() {
   int line = current().line;
   ExprPtr then = parse_or();
   while (skip_name("if")) {
-    ContextGuard context(*this, true, false);
     ExprPtr test = parse_or();
     ExprPtr otherwise = skip_name("else") ? parse_conditional() : nullptr;
     then = make(line, Conditional{std::move(test), std::move(then), std::move(otherwise)});
@@ -180,8 +180,10 @@ ExprPtr Parser::parse_primary() {
     }
     case TokenType::integer:
       return make(line, Literal{Value::integer(next().integer)});
-    case TokenType::floating:
-      return make(line, Literal{Value::floating(next().floating)});
+    case TokenType::floating: {
+      double f = next().floating;  // 1e400 is inf, which jinja2's generated code cannot spell
+      return make(line, Literal{Value::floating(f), std::isfinite(f) ? "" : "inf"});
+    }
     case TokenType::op:
       if (token.text == "(") {
         next();
@@ -378,9 +380,6 @@ ExprPtr Parser::parse_filter(ExprPtr node, bool start_inline) {
     while (skip_op(".")) name += fmt::format(".{}", expect_name().text);
     Arguments args;
     if (is_op(current(), "(")) args = parse_call_args();
-    // jinja2 rejects unknown filters at compile time, except inside conditionals where it
-    // defers the error to when the filter is actually used.
-    if (!soft_ && !find_filter(name)) fail(fmt::format("No filter named '{}'.", name), token.line);
     node = make(token.line, Filter{std::move(node), std::move(name), std::move(args)});
     start_inline = false;
   }
@@ -404,7 +403,6 @@ ExprPtr Parser::parse_test(ExprPtr node) {
     ExprPtr arg = parse_postfix(parse_primary());
     args.positional.push_back(std::move(arg));
   }
-  if (!soft_ && !find_test(name)) fail(fmt::format("No test named '{}'.", name), token.line);
   ExprPtr test = make(line, Test{std::move(node), std::move(name), std::move(args)});
   if (negated) test = make(line, Unary{UnaryOp::logical_not, std::move(test)});
   return test;

@@ -88,8 +88,6 @@ void Parser::parse_statement(Body& body) {
     return;
   } else if (tag == "break" || tag == "continue") {
     next();
-    // jinja2 compiles these to Python's break/continue, which Python rejects outside a loop.
-    if (loop_depth_ == 0) fail(fmt::format("'{}' outside loop", tag), line);
     if (tag == "break") {
       s.node = Break{};
     } else {
@@ -97,8 +95,12 @@ void Parser::parse_statement(Body& body) {
     }
   } else if (tag == "generation") {
     next();
-    ContextGuard context(*this, false, true);
-    s.node = Generation{parse_statements({"endgeneration"}, true)};
+    // transformers' extension parses this into a CallBlock: the body is a caller() macro.
+    auto caller = std::make_shared<MacroDecl>();
+    caller->name = "caller";
+    caller->body = parse_statements({"endgeneration"}, true);
+    finish_macro(*caller);
+    s.node = Generation{std::move(caller)};
   } else if (tag == "block") {
     s.node = parse_block();
   } else if (tag == "extends" || tag == "include" || tag == "import" || tag == "from") {
@@ -126,7 +128,6 @@ Block Parser::parse_block() {
   if (std::find(block_names_.begin(), block_names_.end(), node.name) != block_names_.end())
     fail(fmt::format("block '{}' defined twice", node.name), name.line);
   block_names_.push_back(node.name);
-  ContextGuard context(*this, false, true);
   node.body = parse_statements({"endblock"}, true);
   skip_name(node.name);
   return node;
@@ -157,7 +158,6 @@ NeedsLoader Parser::parse_needs_loader() {
 }
 
 If Parser::parse_if() {
-  ContextGuard context(*this, true, false);
   expect_name("if");
   If node;
   while (true) {
@@ -180,13 +180,8 @@ For Parser::parse_for() {
   node.iterable = parse_tuple(false, false, {"recursive"}, false);
   if (skip_name("if")) node.filter = parse_expression(true);
   node.recursive = skip_name("recursive");
-  {
-    ContextGuard context(*this, false, false);
-    ++loop_depth_;
-    node.body = parse_statements({"endfor", "else"}, false);
-  }
+  { node.body = parse_statements({"endfor", "else"}, false); }
   if (next().text == "endfor") return node;
-  ContextGuard context(*this, false, false);
   node.otherwise = parse_statements({"endfor"}, true);
   return node;
 }
@@ -201,7 +196,6 @@ void Parser::parse_set(Stmt& s) {
   SetBlock block;
   block.target = std::move(target);
   block.filter = parse_filter(nullptr, false);
-  ContextGuard context(*this, false, true);
   block.body = parse_statements({"endset"}, true);
   s.node = std::move(block);
 }
@@ -212,6 +206,8 @@ void Parser::parse_signature(MacroDecl& macro) {
     if (!macro.params.empty()) expect_op(",");
     Token name = expect_name();
     check_assignable_name(name.text, name.line);
+    if (std::find(macro.params.begin(), macro.params.end(), name.text) != macro.params.end())
+      fail(fmt::format("duplicate argument '{}' in function definition", name.text), name.line);
     if (skip_op("=")) {
       macro.defaults.push_back(parse_expression(true));
     } else if (!macro.defaults.empty()) {
@@ -235,7 +231,6 @@ MacroDef Parser::parse_macro() {
   check_assignable_name(name.text, name.line);
   macro->name = name.text;
   parse_signature(*macro);
-  ContextGuard context(*this, false, true);
   macro->body = parse_statements({"endmacro"}, true);
   finish_macro(*macro);
   return MacroDef{std::move(macro)};
@@ -248,7 +243,6 @@ CallBlock Parser::parse_call_block() {
   if (is_op(current(), "(")) parse_signature(*caller);
   ExprPtr call = parse_expression(true);
   if (!std::holds_alternative<Call>(call->node)) fail("expected call", line);
-  ContextGuard context(*this, false, true);
   caller->body = parse_statements({"endcall"}, true);
   finish_macro(*caller);
   return CallBlock{std::move(caller), std::move(call)};
@@ -258,7 +252,6 @@ FilterBlock Parser::parse_filter_block() {
   next();
   FilterBlock node;
   node.filter = parse_filter(nullptr, true);
-  ContextGuard context(*this, false, false);
   node.body = parse_statements({"endfilter"}, true);
   return node;
 }
@@ -272,7 +265,6 @@ With Parser::parse_with() {
     expect_op("=");
     node.values.push_back(parse_expression(true));
   }
-  ContextGuard context(*this, false, false);
   node.body = parse_statements({"endwith"}, true);
   return node;
 }
@@ -287,11 +279,13 @@ Target Parser::to_target(const ExprPtr& e) {
     Target t;
     t.kind = Target::Kind::name;
     t.name = name->name;
+    t.line = e->line;
     return t;
   }
   if (auto* tuple = std::get_if<TupleLiteral>(&e->node)) {
     Target t;
     t.kind = Target::Kind::tuple;
+    t.line = e->line;
     for (const auto& item : tuple->items) t.items.push_back(to_target(item));
     return t;
   }
@@ -304,6 +298,7 @@ Target Parser::parse_assign_target(bool with_tuple, bool name_only, std::initial
   if (with_namespace && current().type == TokenType::name && is_op(look(), ".")) {
     Target t;
     t.kind = Target::Kind::namespace_attribute;
+    t.line = current().line;
     t.name = next().text;
     next();
     t.attribute = expect_name().text;
@@ -313,6 +308,7 @@ Target Parser::parse_assign_target(bool with_tuple, bool name_only, std::initial
     Token name = expect_name();
     Target t;
     t.name = name.text;
+    t.line = name.line;
     return t;
   }
   ExprPtr e = with_tuple ? parse_tuple(true, true, extra_end, false) : parse_primary();
@@ -322,7 +318,12 @@ Target Parser::parse_assign_target(bool with_tuple, bool name_only, std::initial
 }  // namespace parsing
 
 ast::TemplateBody parse_source(std::string_view source) {
-  return parsing::Parser(tokenize(source)).parse();
+  ast::TemplateBody body = parsing::Parser(tokenize(source)).parse();
+  // Then what jinja2 does when it compiles: optimize, generate code (and fail), track variables.
+  parsing::fold_constants(body);
+  parsing::check_compiles(body);
+  parsing::analyze_frames(body);
+  return body;
 }
 
 }  // namespace kiln::jinja

@@ -18,6 +18,16 @@ using namespace ast;
 constexpr int kMaxExpressionDepth = 400;
 constexpr int kMaxNesting = 200;
 
+// Python's reserved words: jinja2 compiles keyword arguments into Python calls, where these fail.
+inline bool is_python_keyword(std::string_view name) {
+  static constexpr std::string_view kKeywords[] = {
+      "False", "None",     "True",  "and",    "as",   "assert", "async",  "await",    "break",
+      "class", "continue", "def",   "del",    "elif", "else",   "except", "finally",  "for",
+      "from",  "global",   "if",    "import", "in",   "is",     "lambda", "nonlocal", "not",
+      "or",    "pass",     "raise", "return", "try",  "while",  "with",   "yield"};
+  return std::find(std::begin(kKeywords), std::end(kKeywords), name) != std::end(kKeywords);
+}
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
@@ -95,21 +105,6 @@ class Parser {
     Parser& parser;
   };
 
-  // Scoped settings of the statement context.
-  struct ContextGuard {
-    ContextGuard(Parser& p, bool soft, bool reset_loops) : parser(p), soft(p.soft_), loops(p.loop_depth_) {
-      p.soft_ = soft;
-      if (reset_loops) p.loop_depth_ = 0;
-    }
-    ~ContextGuard() {
-      parser.soft_ = soft;
-      parser.loop_depth_ = loops;
-    }
-    Parser& parser;
-    bool soft;
-    int loops;
-  };
-
   // --- templates and statements (parser.cpp) --------------------------------------------------
   Body subparse(std::initializer_list<std::string_view> end_tokens);
   // parse_statements: an optional colon, the end of the opening tag, then a body up to end_tokens.
@@ -165,8 +160,14 @@ class Parser {
   std::vector<std::string> block_names_;
   size_t pos_ = 0;
   int nesting_ = 0;
-  bool soft_ = false;   // inside an if or conditional expression: unknown filters fail only when used
-  int loop_depth_ = 0;  // for loops around the current statement, within the current macro
 };
+
+// What jinja2 rejects when it compiles the parsed template to Python (compile_checks.cpp): unknown
+// filters and tests outside conditionals, break/continue outside a loop, repeated keyword arguments.
+void check_compiles(const TemplateBody& body);
+// jinja2's optimizer (fold.cpp): replaces constant subexpressions with their values.
+void fold_constants(TemplateBody& body);
+// jinja2's variable frames (frames.cpp): fills in the unset_names of every frame.
+void analyze_frames(TemplateBody& body);
 
 }  // namespace kiln::jinja::parsing

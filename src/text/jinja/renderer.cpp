@@ -108,6 +108,13 @@ Scope* Renderer::new_scope(const Scope* parent) {
   return &scopes_.emplace_back(parent);
 }
 
+Scope* Renderer::new_frame(const Scope* parent, const std::vector<std::string>& unset_names) {
+  Scope* scope = new_scope(parent);
+  for (const std::string& name : unset_names)
+    scope->set(name, Value::undefined(fmt::format("'{}' is undefined", name)));
+  return scope;
+}
+
 void Renderer::count_step() {
   if (++steps_ > options_.limits.max_steps)
     fail(FailureKind::limit, "template exceeded kiln's limit of {} evaluation steps", options_.limits.max_steps);
@@ -136,16 +143,31 @@ void Renderer::check_string(size_t bytes) const {
 }
 
 void Renderer::emit(std::string_view text) {
-  out_->append(text);
-  check_string(out_->size());
+  out_->text.append(text);
+  check_string(out_->text.size());
 }
 
-std::string Renderer::render(const ast::Body& body, const Variables& variables) {
+template <typename Body>
+std::string Renderer::capture(Body&& body) {
+  OutputBuffer buffer;
+  OutputBuffer* saved = out_;
+  out_ = &buffer;
+  struct Restore {
+    OutputBuffer*& target;
+    OutputBuffer* value;
+    ~Restore() { target = value; }
+  } restore{out_, saved};
+  body();
+  if (buffer.join_error) type_error("{}", *buffer.join_error);
+  return std::move(buffer.text);
+}
+
+std::string Renderer::render(const ast::TemplateBody& body, const Variables& variables) {
   Scope* root = root_ = new_scope(nullptr);
   if (variables.is_object())
     for (const auto& [name, value] : variables.items()) root->set(name, from_json(value));
-  std::string output;
-  out_ = &output;
+  for (const std::string& name : body.unset_names)
+    root->set(name, Value::undefined(fmt::format("'{}' is undefined", name)));
   struct ClearNamespaces {
     std::vector<std::weak_ptr<Namespace>>& namespaces;
     ~ClearNamespaces() {
@@ -153,21 +175,11 @@ std::string Renderer::render(const ast::Body& body, const Variables& variables) 
         if (auto ns = weak.lock()) ns->clear();
     }
   } clear{namespaces_};
-  exec_body(body, root);
-  return output;
+  return capture([&] { exec_body(body.body, root); });
 }
 
 std::string Renderer::render_to_string(const ast::Body& body, Scope* scope) {
-  std::string buffer;
-  std::string* saved = out_;
-  out_ = &buffer;
-  struct Restore {
-    std::string*& target;
-    std::string* value;
-    ~Restore() { target = value; }
-  } restore{out_, saved};
-  exec_body(body, scope);
-  return buffer;
+  return capture([&] { exec_body(body, scope); });
 }
 
 Renderer::Flow Renderer::exec_body(const ast::Body& body, Scope* scope) {
@@ -190,6 +202,10 @@ Renderer::Flow Renderer::run(const ast::Output& node, Scope*) {
 }
 
 Renderer::Flow Renderer::run(const ast::Print& node, Scope* scope) {
+  if (node.constant_text) {
+    emit(*node.constant_text);
+    return Flow::normal;
+  }
   Value value = eval(*node.expr, scope);
   charge(value);
   emit(str(value));
@@ -220,7 +236,7 @@ Renderer::Flow Renderer::render_for(const ast::For& node, Scope* scope, const Va
     }
     items = std::move(kept);
   }
-  if (items.empty()) return exec_body(node.otherwise, new_scope(scope));
+  if (items.empty()) return exec_body(node.otherwise, new_frame(scope, node.otherwise_unset_names));
   auto loop = std::make_shared<LoopState>();
   loop->items = std::move(items);
   loop->depth0 = depth0;
@@ -230,7 +246,7 @@ Renderer::Flow Renderer::render_for(const ast::For& node, Scope* scope, const Va
   for (size_t i = 0; i < loop->items.size(); ++i) {
     count_step();
     loop->index0 = i;
-    Scope* iteration = new_scope(scope);
+    Scope* iteration = new_frame(scope, node.unset_names);
     assign(node.target, loop->items[i], iteration);
     iteration->set("loop", loop_value);
     if (exec_body(node.body, iteration) == Flow::break_loop) break;
@@ -245,16 +261,7 @@ std::string Renderer::render_loop_recursively(LoopState& loop, const Value& iter
     int& depth;
     ~Depth() { --depth; }
   } depth{call_depth_};
-  std::string buffer;
-  std::string* saved = out_;
-  out_ = &buffer;
-  struct Restore {
-    std::string*& target;
-    std::string* value;
-    ~Restore() { target = value; }
-  } restore{out_, saved};
-  render_for(*loop.recursive_loop, loop.loop_scope, iterable, loop.depth0 + 1);
-  return buffer;
+  return capture([&] { render_for(*loop.recursive_loop, loop.loop_scope, iterable, loop.depth0 + 1); });
 }
 
 void Renderer::assign(const ast::Target& target, const Value& value, Scope* scope) {
@@ -291,7 +298,7 @@ Renderer::Flow Renderer::run(const ast::Set& node, Scope* scope) {
 }
 
 Renderer::Flow Renderer::run(const ast::SetBlock& node, Scope* scope) {
-  Value text = Value::string(render_to_string(node.body, new_scope(scope)));
+  Value text = Value::string(render_to_string(node.body, new_frame(scope, node.unset_names)));
   if (node.filter) {
     const Value* saved = filter_block_input_;
     filter_block_input_ = &text;
@@ -309,25 +316,33 @@ Renderer::Flow Renderer::run(const ast::MacroDef& node, Scope* scope) {
   return Flow::normal;
 }
 
+// jinja2 yields what a call block or filter block produces straight into the output, which
+// Python's str.join then rejects unless it is a string.
+void Renderer::emit_block_result(const Value& result) {
+  if (result.is_string()) return emit(result.as_string());
+  if (!out_->join_error)
+    out_->join_error = fmt::format("sequence item 0: expected str instance, {} found", type_name(result));
+}
+
 Renderer::Flow Renderer::run(const ast::CallBlock& node, Scope* scope) {
   Value caller = Value::object(std::make_shared<Macro>(node.caller.get(), scope));
   const auto& call = std::get<ast::Call>(node.call->node);
-  emit(str(call_with_caller(call, std::move(caller), scope)));
+  emit_block_result(call_with_caller(call, std::move(caller), scope));
   return Flow::normal;
 }
 
 Renderer::Flow Renderer::run(const ast::FilterBlock& node, Scope* scope) {
-  Value text = Value::string(render_to_string(node.body, new_scope(scope)));
+  Value text = Value::string(render_to_string(node.body, new_frame(scope, node.unset_names)));
   const Value* saved = filter_block_input_;
   filter_block_input_ = &text;
   Value filtered = eval(*node.filter, scope);
   filter_block_input_ = saved;
-  emit(str(filtered));
+  emit_block_result(filtered);
   return Flow::normal;
 }
 
 Renderer::Flow Renderer::run(const ast::With& node, Scope* scope) {
-  Scope* inner = new_scope(scope);
+  Scope* inner = new_frame(scope, node.unset_names);
   for (size_t i = 0; i < node.targets.size(); ++i) assign(node.targets[i], eval(*node.values[i], scope), inner);
   return exec_body(node.body, inner);
 }
@@ -340,15 +355,18 @@ Renderer::Flow Renderer::run(const ast::Continue&, Scope*) {
 }
 
 Renderer::Flow Renderer::run(const ast::Generation& node, Scope* scope) {
-  // transformers' AssistantTracker renders the body through a caller() macro: a scope of its own.
-  emit(render_to_string(node.body, new_scope(scope)));
+  // transformers' AssistantTracker returns caller(): the body rendered as a macro of no arguments.
+  Macro caller(node.caller.get(), scope);
+  CallArgs no_arguments;
+  emit(str(invoke_macro(caller, no_arguments)));
   return Flow::normal;
 }
 
 Renderer::Flow Renderer::run(const ast::Block& node, Scope* scope) {
   // A block renders with the template's variables, not the local ones, unless it is `scoped`.
   if (node.required) fail(FailureKind::runtime, "Required block '{}' not found.", node.name);
-  emit(render_to_string(node.body, new_scope(node.scoped ? scope : root_)));
+  // A block is a generator that yields into the template's own output.
+  exec_body(node.body, new_frame(node.scoped ? scope : root_, node.unset_names));
   return Flow::normal;
 }
 
@@ -413,7 +431,7 @@ Value Renderer::invoke_macro(Macro& macro, CallArgs& args) {
     type_error("macro '{}' takes not more than {} argument(s)", decl.name, n);
   }
 
-  Scope* scope = new_scope(macro.closure);
+  Scope* scope = new_frame(macro.closure, decl.unset_names);
   const size_t first_default = n - decl.defaults.size();
   for (size_t i = 0; i < n; ++i) {
     if (values[i]) {

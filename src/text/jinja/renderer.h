@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,7 +67,7 @@ class Renderer {
  public:
   Renderer(const RenderOptions& options, std::chrono::system_clock::time_point now);
 
-  std::string render(const ast::Body& body, const Variables& variables);
+  std::string render(const ast::TemplateBody& body, const Variables& variables);
   int line() const { return current_line_; }
 
   // --- services for filters, methods and callables -----------------------------------------------
@@ -95,7 +96,10 @@ class Renderer {
   enum class Flow { normal, break_loop, continue_loop };
 
   Scope* new_scope(const Scope* parent);
+  // A frame's scope, with the names it assigns before reading them starting out undefined.
+  Scope* new_frame(const Scope* parent, const std::vector<std::string>& unset_names);
   void emit(std::string_view text);
+  void emit_block_result(const Value& result);
 
   Flow exec_body(const ast::Body& body, Scope* scope);
   Flow exec(const ast::Stmt& stmt, Scope* scope);
@@ -144,7 +148,17 @@ class Renderer {
   std::deque<Scope> scopes_;
   Scope* root_ = nullptr;  // the template's top-level scope
   std::vector<std::weak_ptr<Namespace>> namespaces_;
-  std::string* out_ = nullptr;
+  // Where output goes: the template's, or a macro's or block's buffer. Python joins each buffer
+  // with str.join when it is complete, so a non-string that a call or filter block yields into it
+  // fails only then, after everything before the end of the buffer has run.
+  struct OutputBuffer {
+    std::string text;
+    std::optional<std::string> join_error;
+  };
+  OutputBuffer* out_ = nullptr;
+  // Runs `body` into a fresh buffer and returns the joined text.
+  template <typename Body>
+  std::string capture(Body&& body);
   const Value* filter_block_input_ = nullptr;  // the body text a {% filter %} / {% set | f %} applies to
   int current_line_ = 0;
   int call_depth_ = 0;

@@ -41,7 +41,7 @@ Result<std::string> Template::render(const Variables& variables, const RenderOpt
     return report({FailureKind::runtime, 0, "template variables must be a JSON object"}, failure);
   Renderer renderer(options, options.now.value_or(std::chrono::system_clock::now()));
   try {
-    return renderer.render(body_->body, variables);
+    return renderer.render(*body_, variables);
   } catch (const TemplateException& e) {
     return report({e.kind(), e.line() ? e.line() : renderer.line(), e.message()}, failure);
   } catch (const std::bad_alloc&) {

@@ -237,20 +237,42 @@ Iterator::Iterator(List items, std::string type_name)
       depth_(items_depth(items_)),
       weight_(items_weight(items_)) {}
 
+Iterator::Iterator(Next next, const Value& source, std::string type_name)
+    : next_(std::move(next)), type_name_(std::move(type_name)), depth_(source.depth() + 1), weight_(source.weight()) {
+  Value::check_depth(depth_);
+}
+
 std::string Iterator::repr() const {
   return fmt::format("<{} object>", type_name_);
 }
 
-List Iterator::take_all() {
-  List rest(items_.begin() + static_cast<std::ptrdiff_t>(next_), items_.end());
-  next_ = items_.size();
-  return rest;
+bool Iterator::take_one(Value& out) {
+  if (next_) {
+    if (running_) fail(FailureKind::runtime, "generator already executing");
+    running_ = true;
+    struct Done {
+      bool& running;
+      ~Done() { running = false; }
+    } done{running_};
+    if (next_(out)) return true;
+    next_ = nullptr;
+    return false;
+  }
+  if (next_index_ >= items_.size()) return false;
+  out = items_[next_index_++];
+  return true;
 }
 
-bool Iterator::take_one(Value& out) {
-  if (next_ >= items_.size()) return false;
-  out = items_[next_++];
-  return true;
+List Iterator::take_all() {
+  List rest;
+  if (next_) {
+    Value item;
+    while (take_one(item)) rest.push_back(std::move(item));
+    return rest;
+  }
+  rest.assign(items_.begin() + static_cast<std::ptrdiff_t>(next_index_), items_.end());
+  next_index_ = items_.size();
+  return rest;
 }
 
 DictView::DictView(List items, std::string type_name)

@@ -105,10 +105,9 @@ class Value {
   // Work units a builtin that walks this value may do: 1 per item, nested items included (shared
   // ones counted each time they appear), 1 per 64 bytes of text. Saturates at 2^32-1.
   uint32_t weight() const;
+  static void check_depth(int depth);  // a limit error beyond kMaxValueDepth
 
  private:
-  static void check_depth(int depth);
-
   Kind kind_ = Kind::undefined;
   bool markup_ = false;
   uint16_t depth_ = 0;
@@ -161,21 +160,27 @@ class Namespace : public Object {
 };
 
 // A one-shot iterator, as Python's generators (map/select filters) and reversed() are: always
-// true, no len(), and iterating it consumes what it yields.
+// true, no len(), and iterating it consumes what it yields. A lazy one runs its producer as it is
+// consumed, as a generator's body runs: its errors surface then, or never if nothing asks.
 class Iterator : public Object {
  public:
+  // Produces the next item into `out`; false once exhausted.
+  using Next = std::function<bool(Value& out)>;
   Iterator(List items, std::string type_name);
+  // `source` is what the producer draws from, for the depth and weight bookkeeping.
+  Iterator(Next next, const Value& source, std::string type_name);
   std::string type_name() const override { return type_name_; }
   std::string repr() const override;
   int depth() const override { return depth_; }
   uint32_t weight() const override { return weight_; }
   List take_all();
   bool take_one(Value& out);
-  size_t remaining() const { return items_.size() - next_; }
 
  private:
   List items_;
-  size_t next_ = 0;
+  size_t next_index_ = 0;
+  Next next_;             // lazy producer, released once exhausted
+  bool running_ = false;  // Python: "generator already executing"
   std::string type_name_;
   int depth_;
   uint32_t weight_;

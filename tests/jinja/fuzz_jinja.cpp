@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -332,6 +333,7 @@ int main(int argc, char** argv) {
   bool verbose = false;
   std::string last_case_path;  // each template is written here before it runs, to catch a hang
   long print_templates = 0;    // print this many templates (length-prefixed) and exit, for differential runs
+  bool render_batch = false;   // render length-prefixed templates from stdin (tools/jinja/differential.py)
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--seconds" && i + 1 < argc) {
@@ -344,14 +346,40 @@ int main(int argc, char** argv) {
       last_case_path = argv[++i];
     } else if (arg == "--print-templates" && i + 1 < argc) {
       print_templates = std::atol(argv[++i]);
+    } else if (arg == "--render-batch") {
+      render_batch = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds N] [--seed S] [--verbose] [--last-case FILE] [--print-templates N]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--seconds N] [--seed S] [--verbose] [--last-case FILE] [--print-templates N] [--render-batch]\n",
+          argv[0]);
       return 2;
     }
   }
   auto variables = nlohmann::ordered_json::parse(
       read_text(std::filesystem::path(KILN_SOURCE_DIR) / "tests" / "jinja" / "cases" / "variables.json"));
+
+  if (render_batch) {
+    // Each "<bytes>\n<template>" from stdin becomes "OK\n<bytes>\n<text>" or
+    // "ERR <kind>\n<bytes>\n<message>", rendered as the conformance tests render.
+    static const char* const kinds[] = {"syntax", "raised", "undefined", "security", "runtime", "limit"};
+    kiln::jinja::RenderOptions reference;
+    reference.now = std::chrono::system_clock::time_point(std::chrono::seconds(1700000000));
+    std::string header;
+    while (std::getline(std::cin, header)) {
+      std::string source(std::strtoull(header.c_str(), nullptr, 10), '\0');
+      std::cin.read(source.data(), std::streamsize(source.size()));
+      TemplateFailure failure;
+      auto compiled = Template::parse(source, &failure);
+      auto result =
+          compiled ? compiled->render(variables, reference, &failure) : kiln::Result<std::string>(compiled.error());
+      std::string head = result ? "OK" : std::string("ERR ") + kinds[int(failure.kind)];
+      const std::string& body = result ? *result : failure.message;
+      std::printf("%s\n%zu\n", head.c_str(), body.size());
+      std::fwrite(body.data(), 1, body.size(), stdout);
+    }
+    return 0;
+  }
 
   kiln::jinja::RenderOptions options;
   options.limits.max_output_bytes = 1 << 20;

@@ -28,6 +28,8 @@ void add_logits_command(CLI::App& app, Action& action);
 void add_synth_model_command(CLI::App& app, Action& action);
 void add_bench_command(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
+void add_generate_command(CLI::App& app, Action& action);
+void add_chat_command(CLI::App& app, Action& action);
 void add_template_command(CLI::App& app, Action& action);
 
 }  // namespace kiln::cli

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   kiln::cli::add_bench_command(app, action);
   kiln::cli::add_tokenize_command(app, action);
   kiln::cli::add_template_command(app, action);
+  kiln::cli::add_generate_command(app, action);
+  kiln::cli::add_chat_command(app, action);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,129 @@
+// kiln chat MODEL_DIR [--system TEXT] [sampling options]
+// An interactive chat in the terminal. The conversation's state stays on the device between
+// turns: each turn prefills only what follows the previous prompt (the last answer as the
+// template renders it, and the new message). Ctrl-C stops the current answer; Ctrl-D or /exit
+// ends the chat.
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+
+#include "cli/generation.h"
+
+namespace kiln::cli {
+
+namespace {
+
+// The one piece of process-wide state: what SIGINT sets, read by the generation loop.
+std::atomic<bool> interrupted{false};
+extern "C" void on_sigint(int) { interrupted.store(true); }
+
+struct ChatOptions {
+  std::string model_dir;
+  std::string system;
+  bool enable_thinking = false;
+  GenerationOptions generation;
+  RunOptions run;
+};
+
+Status run_chat(const ChatOptions& o) {
+  KILN_ASSIGN(auto backend, make_backend(o.run));
+  const int64_t context = o.generation.context > 0 ? o.generation.context : 8192;
+  KILN_ASSIGN(auto session, TextSession::open(o.model_dir, *backend, context));
+  if (!session->chat_template()) return make_error("{} has no chat template", o.model_dir);
+
+  struct sigaction action {};
+  action.sa_handler = on_sigint;  // no SA_RESTART: Ctrl-C at the prompt interrupts the read
+  sigaction(SIGINT, &action, nullptr);
+
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+  std::unique_ptr<SequenceState> after_prompt;  // the state right after the last prompt
+  size_t prompt_length = 0;                      // tokens in it
+  fmt::print(stderr, "kiln chat: {} ({}). Ctrl-C stops an answer, Ctrl-D or /exit ends.\n", o.model_dir,
+             session->model().info().model_type);
+  for (;;) {
+    fmt::print(stderr, "\n> ");
+    std::string line;
+    interrupted.store(false);
+    if (!std::getline(std::cin, line)) {
+      if (interrupted.load() && !std::cin.eof()) {
+        std::cin.clear();
+        continue;
+      }
+      break;
+    }
+    if (line == "/exit") break;
+    if (line.empty()) continue;
+    messages.push_back({{"role", "user"}, {"content", line}});
+    ChatRequest request;
+    request.messages = messages;
+    request.extra_variables["enable_thinking"] = o.enable_thinking;
+    auto text = session->chat_template()->render(request);
+    if (!text.ok()) {
+      messages.erase(messages.size() - 1);
+      fmt::print(stderr, "kiln: error: {}\n", text.error().message);
+      continue;
+    }
+    auto tokens = session->tokenizer().encode(*text);
+    if (!tokens.ok()) {
+      messages.erase(messages.size() - 1);
+      fmt::print(stderr, "kiln: error: {}\n", tokens.error().message);
+      continue;
+    }
+    // reuse the state up to the previous prompt when the new prompt extends it
+    std::vector<int32_t> fresh = *tokens;
+    const auto& history = session->history();
+    if (after_prompt && prompt_length <= fresh.size() &&
+        std::equal(history.begin(), history.begin() + prompt_length, fresh.begin())) {
+      session->restore(*after_prompt, prompt_length);
+      fresh.erase(fresh.begin(), fresh.begin() + prompt_length);
+    } else {
+      session->reset();
+    }
+    if (fresh.empty()) fresh.push_back(tokens->back());  // nothing new: re-run the last token
+    std::string answer;
+    interrupted.store(false);
+    auto stats = session->generate(
+        fresh, o.generation,
+        [&](const std::string& piece) {
+          answer += piece;
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+        },
+        &interrupted,
+        [&] {
+          after_prompt = session->snapshot();
+          prompt_length = session->history().size();
+        });
+    std::fputc('\n', stdout);
+    if (!stats.ok()) {
+      messages.erase(messages.size() - 1);
+      fmt::print(stderr, "kiln: error: {}\n", stats.error().message);
+      continue;
+    }
+    messages.push_back({{"role", "assistant"}, {"content", answer}});
+    fmt::print(stderr, "[{} new prompt tokens at {:.1f} tok/s; {} generated at {:.1f} tok/s{}]\n",
+               stats->prompt_tokens, double(stats->prompt_tokens) / std::max(stats->prompt_seconds, 1e-9),
+               stats->generated_tokens, double(stats->generated_tokens) / std::max(stats->decode_seconds, 1e-9),
+               stats->finish_reason == "interrupted" ? ", stopped" : "");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app, Action& action) {
+  auto options = std::make_shared<ChatOptions>();
+  auto* cmd = app.add_subcommand("chat", "Chat with a model in the terminal");
+  cmd->add_option("model_dir", options->model_dir, "Model directory")->required();
+  cmd->add_option("--system", options->system, "A system message");
+  cmd->add_flag("--enable-thinking", options->enable_thinking, "Let the model think before answering");
+  add_sampling_options(*cmd, options->generation);
+  add_run_options(*cmd, options->run);
+  cmd->callback([options, &action] { action = [options] { return run_chat(*options); }; });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,108 @@
+#include "cli/generation.h"
+
+#include <chrono>
+
+#include "runtime/prefill.h"
+#include "runtime/stop_strings.h"
+
+namespace kiln::cli {
+
+void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
+  cmd.add_option("--max-tokens", o.max_tokens, "Most tokens to generate")->check(CLI::PositiveNumber);
+  cmd.add_option("--temp", o.sampling.temperature, "Temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--top-k", o.sampling.top_k, "Sample among the k most likely (0: all)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--min-p", o.sampling.min_p, "Drop tokens below this share of the best")->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--repetition-penalty", o.sampling.repetition_penalty, "transformers' repetition penalty")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--presence-penalty", o.sampling.presence_penalty, "OpenAI's presence penalty");
+  cmd.add_option("--frequency-penalty", o.sampling.frequency_penalty, "OpenAI's frequency penalty");
+  cmd.add_option("--seed", o.sampling.seed, "Random seed (same seed, same output)");
+  cmd.add_option("--stop", o.stops, "Stop when the text contains this (repeatable)");
+  cmd.add_option("--ctx", o.context, "Context size in tokens (default: enough for the request)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+Result<std::unique_ptr<TextSession>> TextSession::open(const std::string& model_dir, Backend& backend,
+                                                       int64_t context) {
+  auto session = std::make_unique<TextSession>();
+  KILN_ASSIGN(session->tokenizer_, Tokenizer::load(model_dir));
+  auto tmpl = ChatTemplate::load(model_dir);
+  if (tmpl.ok()) session->chat_template_ = std::move(tmpl).value();
+  KILN_ASSIGN(session->model_, load_model(model_dir, backend));
+  const int64_t limit = session->model_->info().max_position_embeddings;
+  KILN_ASSIGN(session->state_, session->model_->new_sequence(std::min(context, limit > 0 ? limit : context)));
+  return session;
+}
+
+std::unique_ptr<SequenceState> TextSession::snapshot() { return state_->clone(model_->backend()); }
+
+void TextSession::reset() {
+  state_->reset(model_->backend());
+  history_.clear();
+}
+
+void TextSession::restore(const SequenceState& snapshot, size_t history_length) {
+  state_->restore(model_->backend(), snapshot);
+  history_.resize(history_length);
+}
+
+Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
+                                              const std::function<void(const std::string&)>& emit,
+                                              const std::atomic<bool>* stop,
+                                              const std::function<void()>& prefilled) {
+  if (prompt.empty()) return make_error("the prompt is empty");
+  if (state_->length() + int64_t(prompt.size()) >= state_->max_context())
+    return make_error("the prompt ({} tokens, {} already in context) does not fit the context of {} tokens",
+                      prompt.size(), state_->length(), state_->max_context());
+  GenerationStats stats;
+  stats.prompt_tokens = int64_t(prompt.size());
+  const int64_t vocab = model_->info().vocab_size;
+  const auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN(Tensor logits, run_tokens(*model_, *state_, prompt, 0, LogitRows::last));
+  history_.insert(history_.end(), prompt.begin(), prompt.end());
+  if (prefilled) prefilled();
+  const auto t1 = std::chrono::steady_clock::now();
+  stats.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  const auto eos = tokenizer_->eos_ids();
+  Sampler sampler(options.sampling);
+  IncrementalDecoder decoder(tokenizer_, /*skip_special_tokens=*/true);
+  StopMatcher stops(options.stops);
+  stats.finish_reason = "length";
+  for (int64_t i = 0; i < options.max_tokens; ++i) {
+    if (stop && stop->load()) {
+      stats.finish_reason = "interrupted";
+      break;
+    }
+    const int32_t next = sampler.sample(std::span<const float>(logits.data_as<float>(), size_t(vocab)), history_);
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      stats.finish_reason = "stop";
+      break;
+    }
+    ++stats.generated_tokens;
+    const std::string shown = stops.push(decoder.push(next));
+    if (!shown.empty()) emit(shown);
+    if (stops.stopped()) {
+      stats.finish_reason = "stop";
+      history_.push_back(next);
+      break;
+    }
+    if (state_->length() + 1 >= state_->max_context()) {
+      history_.push_back(next);
+      break;
+    }
+    KILN_ASSIGN(logits, run_tokens(*model_, *state_, std::vector<int32_t>{next}, 1, LogitRows::last));
+    history_.push_back(next);
+  }
+  if (!stops.stopped()) {
+    const std::string rest = stops.push(decoder.flush());
+    if (!rest.empty()) emit(rest);
+    const std::string held = stops.flush();
+    if (!held.empty()) emit(held);
+  }
+  stats.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  return stats;
+}
+
+}  // namespace kiln::cli

@@ -103,10 +103,10 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs a shell command, capturing its output.
-inline CommandResult run_command(const std::string& command) {
+// Runs a shell command, capturing its output (stdout, and stderr unless told otherwise).
+inline CommandResult run_command(const std::string& command, bool with_stderr = true) {
   CommandResult r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  FILE* pipe = popen((command + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
   if (!pipe) return {-1, "popen failed"};
   char buffer[4096];
   size_t n;

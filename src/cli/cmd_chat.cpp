@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -62,48 +63,60 @@ Status run_chat(const ChatOptions& o) {
     request.messages = messages;
     request.extra_variables["enable_thinking"] = o.enable_thinking;
     auto text = session->chat_template()->render(request);
-    if (!text.ok()) {
-      messages.erase(messages.size() - 1);
-      fmt::print(stderr, "kiln: error: {}\n", text.error().message);
-      continue;
-    }
-    auto tokens = session->tokenizer().encode(*text);
+    request.add_generation_prompt = false;
+    auto settled_text = session->chat_template()->render(request);  // the conversation without the reply header
+    auto tokens = text.ok() ? session->tokenizer().encode(*text) : Result<std::vector<int32_t>>(text.error());
     if (!tokens.ok()) {
       messages.erase(messages.size() - 1);
       fmt::print(stderr, "kiln: error: {}\n", tokens.error().message);
       continue;
     }
-    // reuse the state up to the previous prompt when the new prompt extends it
-    std::vector<int32_t> fresh = *tokens;
+    // The settled part (every message so far) is what the next turn's prompt will start with:
+    // the state is kept right after it, and the next turn prefills only what follows.
+    size_t settled = tokens->size() - 1;
+    if (settled_text.ok()) {
+      auto settled_tokens = session->tokenizer().encode(*settled_text);
+      if (settled_tokens.ok() && settled_tokens->size() < tokens->size() &&
+          std::equal(settled_tokens->begin(), settled_tokens->end(), tokens->begin()))
+        settled = settled_tokens->size();
+    }
+    size_t reuse = 0;
     const auto& history = session->history();
-    if (after_prompt && prompt_length <= fresh.size() &&
-        std::equal(history.begin(), history.begin() + prompt_length, fresh.begin())) {
+    if (after_prompt && prompt_length <= settled &&
+        std::equal(history.begin(), history.begin() + prompt_length, tokens->begin())) {
       session->restore(*after_prompt, prompt_length);
-      fresh.erase(fresh.begin(), fresh.begin() + prompt_length);
+      reuse = prompt_length;
     } else {
       session->reset();
     }
-    if (fresh.empty()) fresh.push_back(tokens->back());  // nothing new: re-run the last token
+    std::vector<int32_t> head(tokens->begin() + reuse, tokens->begin() + settled);
+    std::vector<int32_t> tail(tokens->begin() + settled, tokens->end());
+    const auto prefill_start = std::chrono::steady_clock::now();
+    if (Status s = session->prefill(head); !s.ok()) {
+      messages.erase(messages.size() - 1);
+      fmt::print(stderr, "kiln: error: {}\n", s.error().message);
+      continue;
+    }
+    after_prompt = session->snapshot();
+    prompt_length = session->history().size();
+    const double head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
     std::string answer;
     interrupted.store(false);
-    auto stats = session->generate(
-        fresh, o.generation,
-        [&](const std::string& piece) {
-          answer += piece;
-          std::fwrite(piece.data(), 1, piece.size(), stdout);
-          std::fflush(stdout);
-        },
-        &interrupted,
-        [&] {
-          after_prompt = session->snapshot();
-          prompt_length = session->history().size();
-        });
+    auto stats = session->generate(tail, o.generation,
+                                   [&](const std::string& piece) {
+                                     answer += piece;
+                                     std::fwrite(piece.data(), 1, piece.size(), stdout);
+                                     std::fflush(stdout);
+                                   },
+                                   &interrupted);
     std::fputc('\n', stdout);
     if (!stats.ok()) {
       messages.erase(messages.size() - 1);
       fmt::print(stderr, "kiln: error: {}\n", stats.error().message);
       continue;
     }
+    stats->prompt_tokens += int64_t(head.size());
+    stats->prompt_seconds += head_seconds;
     messages.push_back({{"role", "assistant"}, {"content", answer}});
     fmt::print(stderr, "[{} new prompt tokens at {:.1f} tok/s; {} generated at {:.1f} tok/s{}]\n",
                stats->prompt_tokens, double(stats->prompt_tokens) / std::max(stats->prompt_seconds, 1e-9),

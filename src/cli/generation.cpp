@@ -37,6 +37,16 @@ Result<std::unique_ptr<TextSession>> TextSession::open(const std::string& model_
 
 std::unique_ptr<SequenceState> TextSession::snapshot() { return state_->clone(model_->backend()); }
 
+Status TextSession::prefill(const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) return ok_status();
+  if (state_->length() + int64_t(tokens.size()) >= state_->max_context())
+    return make_error("the conversation ({} tokens) does not fit the context of {} tokens",
+                      state_->length() + int64_t(tokens.size()), state_->max_context());
+  KILN_TRY(run_tokens(*model_, *state_, tokens, 0, LogitRows::last));
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  return ok_status();
+}
+
 void TextSession::reset() {
   state_->reset(model_->backend());
   history_.clear();

@@ -52,6 +52,9 @@ class TextSession {
                                    const std::atomic<bool>* stop = nullptr,
                                    const std::function<void()>& prefilled = nullptr);
 
+  // Feeds tokens into the sequence without sampling (a prompt's first part).
+  Status prefill(const std::vector<int32_t>& tokens);
+
   // Tokens the sequence has consumed, in order.
   const std::vector<int32_t>& history() const { return history_; }
   SequenceState& state() { return *state_; }

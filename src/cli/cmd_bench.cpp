@@ -137,7 +137,8 @@ Status run_bench(const BenchOptions& o) {
       chunks.push_back({seqs.back().get(), p});
     }
     backend->set_profiling(true);
-    KILN_TRY(model->forward(chunks, LogitRows::last).ok() ? ok_status() : Status(make_error("profiled prefill failed")));
+    KILN_TRY(model->forward(chunks, LogitRows::last).ok() ? ok_status()
+                                                          : Status(make_error("profiled prefill failed")));
     profile_prefill = backend->profile_report();
     std::vector<int32_t> next(prompts.size(), 1);
     backend->set_profiling(true);
@@ -177,13 +178,14 @@ Status run_bench(const BenchOptions& o) {
   j["peak_memory_bytes"] = peak_memory;
   if (o.json) {
     fmt::print("{}\n", j.dump(2));
-    if (o.profile) fmt::print(stderr, "prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
+    if (o.profile)
+      fmt::print(stderr, "prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
     return ok_status();
   }
   fmt::print("kiln bench: {} ({}, {:.2f} GB of weights) on {}\n", o.model_dir, info.model_type,
              double(info.weight_bytes) / 1e9, backend->name());
-  fmt::print("  prompt {} x batch {}, {} generated; median of {} runs after a warm-up; load {:.1f} s\n",
-             o.prompt_len, o.batch, o.gen, o.runs, load_s);
+  fmt::print("  prompt {} x batch {}, {} generated; median of {} runs after a warm-up; load {:.1f} s\n", o.prompt_len,
+             o.batch, o.gen, o.runs, load_s);
   fmt::print("  prefill              {:10.1f} tok/s   {:8.2f} ms   {:7.1f} TFLOP/s", prefill_tps, prefill_ms,
              prefill_rate / 1e12);
   if (peak_flops > 0)
@@ -193,8 +195,7 @@ Status run_bench(const BenchOptions& o) {
   fmt::print("  decode reads         {:10.2f} GB/step  {:.0f} GB/s = {:.1f}% of {:.0f} GB/s copy bandwidth\n",
              double(step_bytes) / 1e9, achieved_bw / 1e9, 100.0 * achieved_bw / copy_bw, copy_bw / 1e9);
   fmt::print("  peak device memory   {:10.2f} GiB\n", double(peak_memory) / double(1 << 30));
-  if (o.profile)
-    fmt::print("prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
+  if (o.profile) fmt::print("prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
   return ok_status();
 }
 

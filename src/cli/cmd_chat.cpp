@@ -19,7 +19,9 @@ namespace {
 
 // The one piece of process-wide state: what SIGINT sets, read by the generation loop.
 std::atomic<bool> interrupted{false};
-extern "C" void on_sigint(int) { interrupted.store(true); }
+extern "C" void on_sigint(int) {
+  interrupted.store(true);
+}
 
 struct ChatOptions {
   std::string model_dir;
@@ -42,7 +44,7 @@ Status run_chat(const ChatOptions& o) {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   std::unique_ptr<SequenceState> after_prompt;  // the state right after the last prompt
-  size_t prompt_length = 0;                      // tokens in it
+  size_t prompt_length = 0;                     // tokens in it
   fmt::print(stderr, "kiln chat: {} ({}). Ctrl-C stops an answer, Ctrl-D or /exit ends.\n", o.model_dir,
              session->model().info().model_type);
   for (;;) {
@@ -102,13 +104,14 @@ Status run_chat(const ChatOptions& o) {
     const double head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
     std::string answer;
     interrupted.store(false);
-    auto stats = session->generate(tail, o.generation,
-                                   [&](const std::string& piece) {
-                                     answer += piece;
-                                     std::fwrite(piece.data(), 1, piece.size(), stdout);
-                                     std::fflush(stdout);
-                                   },
-                                   &interrupted);
+    auto stats = session->generate(
+        tail, o.generation,
+        [&](const std::string& piece) {
+          answer += piece;
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+        },
+        &interrupted);
     std::fputc('\n', stdout);
     if (!stats.ok()) {
       messages.erase(messages.size() - 1);
@@ -118,9 +121,9 @@ Status run_chat(const ChatOptions& o) {
     stats->prompt_tokens += int64_t(head.size());
     stats->prompt_seconds += head_seconds;
     messages.push_back({{"role", "assistant"}, {"content", answer}});
-    fmt::print(stderr, "[{} new prompt tokens at {:.1f} tok/s; {} generated at {:.1f} tok/s{}]\n",
-               stats->prompt_tokens, double(stats->prompt_tokens) / std::max(stats->prompt_seconds, 1e-9),
-               stats->generated_tokens, double(stats->generated_tokens) / std::max(stats->decode_seconds, 1e-9),
+    fmt::print(stderr, "[{} new prompt tokens at {:.1f} tok/s; {} generated at {:.1f} tok/s{}]\n", stats->prompt_tokens,
+               double(stats->prompt_tokens) / std::max(stats->prompt_seconds, 1e-9), stats->generated_tokens,
+               double(stats->generated_tokens) / std::max(stats->decode_seconds, 1e-9),
                stats->finish_reason == "interrupted" ? ", stopped" : "");
   }
   return ok_status();

@@ -84,9 +84,9 @@ Status run_generate(const GenerateOptions& o) {
       o.generation.context > 0 ? o.generation.context : int64_t(prompt.size()) + o.generation.max_tokens + 1;
   KILN_ASSIGN(auto session, TextSession::open(o.model_dir, *backend, context));
   KILN_ASSIGN(GenerationStats stats, session->generate(prompt, o.generation, [](const std::string& piece) {
-                std::fwrite(piece.data(), 1, piece.size(), stdout);
-                std::fflush(stdout);
-              }));
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  }));
   std::fputc('\n', stdout);
   fmt::print(stderr, "prompt: {} tokens, {:.1f} tok/s; generated: {} tokens, {:.1f} tok/s ({})\n", stats.prompt_tokens,
              double(stats.prompt_tokens) / std::max(stats.prompt_seconds, 1e-9), stats.generated_tokens,

@@ -35,7 +35,9 @@ Result<std::unique_ptr<TextSession>> TextSession::open(const std::string& model_
   return session;
 }
 
-std::unique_ptr<SequenceState> TextSession::snapshot() { return state_->clone(model_->backend()); }
+std::unique_ptr<SequenceState> TextSession::snapshot() {
+  return state_->clone(model_->backend());
+}
 
 Status TextSession::prefill(const std::vector<int32_t>& tokens) {
   if (tokens.empty()) return ok_status();
@@ -59,8 +61,7 @@ void TextSession::restore(const SequenceState& snapshot, size_t history_length) 
 
 Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
                                               const std::function<void(const std::string&)>& emit,
-                                              const std::atomic<bool>* stop,
-                                              const std::function<void()>& prefilled) {
+                                              const std::atomic<bool>* stop, const std::function<void()>& prefilled) {
   if (prompt.empty()) return make_error("the prompt is empty");
   if (state_->length() + int64_t(prompt.size()) >= state_->max_context())
     return make_error("the prompt ({} tokens, {} already in context) does not fit the context of {} tokens",

@@ -25,7 +25,7 @@ struct GenerationOptions {
 };
 
 struct GenerationStats {
-  int64_t prompt_tokens = 0;     // tokens prefilled by this call
+  int64_t prompt_tokens = 0;  // tokens prefilled by this call
   int64_t generated_tokens = 0;
   double prompt_seconds = 0;
   double decode_seconds = 0;

@@ -1,5 +1,6 @@
 // CPU backend: memory, matrix products (OpenBLAS) and elementwise ops.
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_math.h"
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -26,17 +27,9 @@ int64_t grain_for(int64_t cols) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
 }
 
-float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
-
-float silu(float x) {
-  return x / (1.0f + std::exp(-x));
-}
-float sigmoid(float x) {
-  return 1.0f / (1.0f + std::exp(-x));
-}
+using cpu::gelu_tanh;
+using cpu::sigmoid;
+using cpu::silu;
 
 void convert_to_f32(const Tensor& src, float* dst) {
   const int64_t rows = src.rows(), cols = src.cols();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_math.h"
 
 namespace kiln {
 
@@ -76,9 +77,7 @@ void CpuBackend::moe_experts(const MoeExpertsArgs& args) {
                 wu, int(hidden), 0.0f, u.data(), int(inter));
     for (size_t i = 0; i < g.size(); ++i) {
       const float x = g[i];
-      const float act = args.act == Activation::silu
-                            ? x / (1.0f + std::exp(-x))
-                            : 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+      const float act = args.act == Activation::silu ? cpu::silu(x) : cpu::gelu_tanh(x);
       g[i] = act * u[i];
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(hidden), int(inter), 1.0f, g.data(), int(inter),

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_math.h"
 
 namespace kiln {
 
@@ -159,7 +160,7 @@ void CpuBackend::causal_conv1d(const CausalConvArgs& args) {
             for (int64_t t = 0; t < seq.n_rows; ++t) {
               float acc = 0;
               for (int64_t j = 0; j < kernel; ++j) acc += w[c * kernel + j] * window[size_t(t + j)];
-              if (args.silu) acc = acc / (1.0f + std::exp(-acc));
+              if (args.silu) acc = cpu::silu(acc);
               row_ptr(args.out, seq.row_begin + t)[c] = acc;
             }
             // keep the last kernel-1 inputs for the next call
@@ -205,7 +206,7 @@ void CpuBackend::gated_delta(const GatedDeltaArgs& args) {
         for (int64_t d = 0; d < dk; ++d) q[d] *= q_scale;
         const float b = row_ptr(args.b, seq.row_begin + t)[h];
         const float a = row_ptr(args.a, seq.row_begin + t)[h];
-        in.beta[size_t(t)] = 1.0f / (1.0f + std::exp(-b));
+        in.beta[size_t(t)] = cpu::sigmoid(b);
         in.g[size_t(t)] = -std::exp(a_log[h]) * softplus(a + dt_bias[h]);
       }
       float* state = args.states[s].data_as<float>() + h * dk * dv;

@@ -103,4 +103,8 @@ class Tensor {
 // Host memory, owned by the returned tensor.
 Tensor host_tensor(DType dtype, Shape shape);
 
+// Writes a host tensor of floats (f32, bf16 or f16, row-strided allowed) into `dst` as contiguous
+// values of `dst_type` (f32, bf16 or f16), rounding to nearest even.
+void convert_host(const Tensor& src, DType dst_type, void* dst);
+
 }  // namespace kiln

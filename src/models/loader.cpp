@@ -6,28 +6,7 @@ namespace kiln {
 
 Tensor to_f32_host(const Tensor& t) {
   Tensor out = host_tensor(DType::f32, t.shape());
-  float* dst = out.data_as<float>();
-  const int64_t cols = t.cols();
-  for (int64_t r = 0; r < t.rows(); ++r) {
-    const char* row = static_cast<const char*>(t.data()) + size_t(r * t.row_stride()) * dtype_size(t.dtype());
-    for (int64_t c = 0; c < cols; ++c) {
-      float v = 0;
-      switch (t.dtype()) {
-        case DType::f32:
-          std::memcpy(&v, row + c * 4, 4);
-          break;
-        case DType::bf16:
-          v = bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
-          break;
-        case DType::f16:
-          v = f16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
-          break;
-        default:
-          break;
-      }
-      dst[r * cols + c] = v;
-    }
-  }
+  convert_host(t, DType::f32, out.data());
   return out;
 }
 

@@ -31,27 +31,6 @@ using cpu::gelu_tanh;
 using cpu::sigmoid;
 using cpu::silu;
 
-void convert_to_f32(const Tensor& src, float* dst) {
-  const int64_t rows = src.rows(), cols = src.cols();
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* base = static_cast<const char*>(src.data()) + size_t(r * src.row_stride()) * dtype_size(src.dtype());
-    float* out = dst + r * cols;
-    switch (src.dtype()) {
-      case DType::f32:
-        std::memcpy(out, base, size_t(cols) * 4);
-        break;
-      case DType::bf16:
-        for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_f32(reinterpret_cast<const uint16_t*>(base)[c]);
-        break;
-      case DType::f16:
-        for (int64_t c = 0; c < cols; ++c) out[c] = f16_to_f32(reinterpret_cast<const uint16_t*>(base)[c]);
-        break;
-      default:
-        assert(false && "not a float tensor");
-    }
-  }
-}
-
 }  // namespace
 
 CpuBackend::CpuBackend(int n_threads, bool emulate_bf16)
@@ -118,7 +97,7 @@ Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
   if (host.dtype() == DType::f32 && host.contiguous() && reinterpret_cast<uintptr_t>(host.data()) % 4 == 0 && !round)
     return host;
   Tensor out = alloc(round ? DType::bf16 : DType::f32, host.shape());
-  convert_to_f32(host, out.data_as<float>());
+  convert_host(host, DType::f32, out.data());
   finish(out);
   return out;
 }
@@ -126,7 +105,7 @@ Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
 Tensor CpuBackend::to_host(const Tensor& t) {
   if (t.dtype() != DType::f32 && t.dtype() != DType::bf16 && t.dtype() != DType::f16) return upload(t, t.dtype());
   Tensor out = host_tensor(DType::f32, t.shape());
-  convert_to_f32(t, out.data_as<float>());
+  convert_host(t, DType::f32, out.data());
   return out;
 }
 

@@ -41,6 +41,19 @@ __device__ __forceinline__ int find_seq(const SeqTable& t, int64_t row) {
   return s;
 }
 
+// The table of sequences [begin, begin + kMaxSeqs) of a launch; tile_begin left 0.
+SeqTable make_table(const std::vector<SeqRows>& seqs, const std::vector<KvCacheView>& caches, size_t begin) {
+  SeqTable table{};
+  table.n = int(std::min<size_t>(kMaxSeqs, seqs.size() - begin));
+  for (int i = 0; i < table.n; ++i) {
+    const SeqRows& s = seqs[begin + size_t(i)];
+    const KvCacheView& c = caches[begin + size_t(i)];
+    table.seq[i] = SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(),
+                           c.slot_pos.data_as<int32_t>(), c.capacity, 0};
+  }
+  return table;
+}
+
 template <typename T>
 __global__ void rope_kernel(Rows<T> x, const int32_t* positions, const float* inv_freq, int heads, int n_pairs,
                             int offset, int64_t rows) {
@@ -58,8 +71,8 @@ __global__ void rope_kernel(Rows<T> x, const int32_t* positions, const float* in
 }
 
 __global__ void kv_write_kernel(SeqTable table, const bf16* k, const bf16* v, const int32_t* positions,
-                                int64_t row_elems) {
-  const int64_t row = blockIdx.x;
+                                int64_t row_elems, int64_t first_row) {
+  const int64_t row = first_row + blockIdx.x;
   const SeqDesc& s = table.seq[find_seq(table, row)];
   if (row < s.row_begin || row >= s.row_begin + s.n_rows) return;
   const int64_t pos = positions[row];
@@ -445,21 +458,11 @@ void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
   assert(args.k.dtype() == DType::bf16 && args.k.contiguous() && args.v.contiguous());
   const int64_t row_elems = args.caches.empty() ? 0 : args.caches[0].k.numel() / args.caches[0].capacity;
   for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
-    SeqTable table{};
-    table.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
-    int64_t first = args.seqs[begin].row_begin, last = first;
-    for (int i = 0; i < table.n; ++i) {
-      const SeqRows& s = args.seqs[begin + size_t(i)];
-      const KvCacheView& c = args.caches[begin + size_t(i)];
-      table.seq[i] =
-          SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(), c.slot_pos.data_as<int32_t>(),
-                  c.capacity,  0};
-      last = s.row_begin + s.n_rows;
-    }
-    // rows outside the table's sequences return at once; launch over the span they cover
-    (void)first;
-    kv_write_kernel<<<int(last), 64, 0, stream>>>(table, args.k.data_as<bf16>(), args.v.data_as<bf16>(),
-                                                  args.positions.data_as<int32_t>(), row_elems);
+    const SeqTable table = make_table(args.seqs, args.caches, begin);
+    const int64_t first = table.seq[0].row_begin;
+    const int64_t last = table.seq[table.n - 1].row_begin + table.seq[table.n - 1].n_rows;
+    kv_write_kernel<<<int(last - first), 64, 0, stream>>>(table, args.k.data_as<bf16>(), args.v.data_as<bf16>(),
+                                                          args.positions.data_as<int32_t>(), row_elems, first);
   }
 }
 
@@ -488,14 +491,7 @@ void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaS
   Tensor partial = allocate(DType::f32, Shape{rows, args.n_heads, p.splits, args.head_dim + 2});
   p.partial = partial.data_as<float>();
   for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
-    p.seqs = SeqTable{};
-    p.seqs.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
-    for (int i = 0; i < p.seqs.n; ++i) {
-      const SeqRows& s = args.seqs[begin + size_t(i)];
-      const KvCacheView& c = args.caches[begin + size_t(i)];
-      p.seqs.seq[i] = SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(),
-                              c.slot_pos.data_as<int32_t>(), c.capacity, 0};
-    }
+    p.seqs = make_table(args.seqs, args.caches, begin);
     const dim3 grid(unsigned(p.splits), unsigned(p.n_kv_heads), unsigned(p.seqs.n));
     if (args.head_dim <= 256)
       decode_attention_kernel<1><<<grid, 128, 0, stream>>>(p);
@@ -531,16 +527,11 @@ void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t
   params.scale = args.scale;
   params.window = args.window;
   for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
-    params.seqs = SeqTable{};
-    params.seqs.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
+    params.seqs = make_table(args.seqs, args.caches, begin);
     int tiles = 0;
     for (int i = 0; i < params.seqs.n; ++i) {
-      const SeqRows& s = args.seqs[begin + size_t(i)];
-      const KvCacheView& c = args.caches[begin + size_t(i)];
-      params.seqs.seq[i] =
-          SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(), c.slot_pos.data_as<int32_t>(),
-                  c.capacity,  tiles};
-      tiles += ceil_div(s.n_rows, params.tokens_per_tile) * args.n_kv_heads;
+      params.seqs.seq[i].tile_begin = tiles;
+      tiles += ceil_div(params.seqs.seq[i].n_rows, params.tokens_per_tile) * args.n_kv_heads;
     }
     params.total_tiles = tiles;
     if (tiles == 0) continue;

@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -32,44 +32,6 @@ cudaDataType_t cuda_type(DType t) {
 
 bool is_float(DType t) {
   return t == DType::f32 || t == DType::bf16 || t == DType::f16;
-}
-
-// Host-side conversion of one float dtype into another (weights are converted once, on load).
-void convert_host(const Tensor& src, DType dst_type, void* dst) {
-  const int64_t rows = src.rows(), cols = src.cols();
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* in = static_cast<const char*>(src.data()) + size_t(r * src.row_stride()) * dtype_size(src.dtype());
-    char* out = static_cast<char*>(dst) + size_t(r * cols) * dtype_size(dst_type);
-    for (int64_t c = 0; c < cols; ++c) {
-      float v = 0;
-      switch (src.dtype()) {
-        case DType::f32:
-          std::memcpy(&v, in + c * 4, 4);
-          break;
-        case DType::bf16:
-          v = bf16_to_f32(reinterpret_cast<const uint16_t*>(in)[c]);
-          break;
-        case DType::f16:
-          v = f16_to_f32(reinterpret_cast<const uint16_t*>(in)[c]);
-          break;
-        default:
-          break;
-      }
-      switch (dst_type) {
-        case DType::f32:
-          std::memcpy(out + c * 4, &v, 4);
-          break;
-        case DType::bf16:
-          reinterpret_cast<uint16_t*>(out)[c] = f32_to_bf16(v);
-          break;
-        case DType::f16:
-          reinterpret_cast<uint16_t*>(out)[c] = f32_to_f16(v);
-          break;
-        default:
-          break;
-      }
-    }
-  }
 }
 
 struct ArenaFull {};
@@ -138,7 +100,8 @@ class CudaBackend final : public Backend {
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return make_error("cannot initialise cuBLAS");
     cublasSetStream(cublas_, stream_);
     // a workspace of its own, so that cuBLAS allocates nothing while a graph is recorded
-    if (cudaMalloc(&cublas_workspace_, kCublasWorkspace) != cudaSuccess) return make_error("cannot allocate cuBLAS workspace");
+    if (cudaMalloc(&cublas_workspace_, kCublasWorkspace) != cudaSuccess)
+      return make_error("cannot allocate cuBLAS workspace");
     cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace);
     cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     cudaDeviceGetDefaultMemPool(&pool_, device_);
@@ -160,8 +123,7 @@ class CudaBackend final : public Backend {
     const size_t bytes = std::max<size_t>(size_t(shape.numel()) * dtype_size(dtype), 1);
     if (arena_) {  // recording a graph: bump-allocate from its workspace
       const size_t rounded = (bytes + 255) / 256 * 256;
-      if (arena_->used + rounded > arena_->size)
-        throw ArenaFull{};
+      if (arena_->used + rounded > arena_->size) throw ArenaFull{};
       char* p = static_cast<char*>(arena_->base.get()) + arena_->used;
       arena_->used += rounded;
       return Tensor(dtype, shape, p, arena_->base, Device::cuda);
@@ -304,7 +266,8 @@ class CudaBackend final : public Backend {
       workspace->size = size;
       void* base = nullptr;
       check(cudaStreamSynchronize(stream_), "capture");
-      if (cudaMalloc(&base, size) != cudaSuccess) return make_error("CUDA out of memory for a {}-byte graph workspace", size);
+      if (cudaMalloc(&base, size) != cudaSuccess)
+        return make_error("CUDA out of memory for a {}-byte graph workspace", size);
       workspace->base = std::shared_ptr<void>(base, [](void* p) { cudaFree(p); });
       arena_ = workspace;
       cudaGraph_t graph = nullptr;
@@ -426,7 +389,8 @@ class CudaBackend final : public Backend {
   }
   void attention(const AttentionArgs& args) override {
     OpTimer timed(this, "attention");
-    cuda::attention(args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
+    cuda::attention(
+        args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("attention");
   }
   void causal_conv1d(const CausalConvArgs& args) override {

@@ -101,7 +101,9 @@ def parse_args():
     ap.add_argument("--tokenizer-dir", required=True)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=4000, help="planned optimizer steps")
+    ap.add_argument("--epochs", type=float, default=24.0,
+                    help="plan this many passes over the training tokens (sets --steps); 0: use --steps")
+    ap.add_argument("--steps", type=int, default=1000, help="planned optimizer steps when --epochs is 0")
     ap.add_argument("--batch", type=int, default=32, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
@@ -278,7 +280,8 @@ def generate_samples(model, tok, device, seed, max_new):
                 new = manual_continue(model, ids, device, max_new, greedy, seed)
                 entry[mode + "_by"] = "full-forward loop"
             entry[mode + "_ids"] = new
-            entry[mode] = tok.decode(new, skip_special_tokens=False)
+            # ids past the tokenizer's vocabulary (padding rows of the embedding) decode to nothing
+            entry[mode] = tok.decode([i for i in new if i < tok.get_vocab_size()], skip_special_tokens=False)
         out.append(entry)
     return out
 
@@ -289,7 +292,7 @@ def generate_samples(model, tok, device, seed, max_new):
 def main():
     args = parse_args()
     if args.smoke:
-        args.steps, args.batch, args.seq_len, args.warmup = 20, 4, 128, 5
+        args.steps, args.epochs, args.batch, args.seq_len, args.warmup = 20, 0, 4, 128, 5
         args.eval_every, args.fit_after, args.sample_tokens = 10, 5, 12
     random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -324,6 +327,11 @@ def main():
         f"{len(valid_chapters)} valid chapters, {len(valid_tokens)} tokens, {len(windows)} windows; "
         f"vocab {vocab} (model {vocab_padded})")
 
+    if args.epochs > 0:
+        args.steps = math.ceil(args.epochs * len(train_tokens) / (args.batch * args.seq_len))
+        log(f"{args.epochs} epochs of {len(train_tokens)} tokens at {args.batch}x{args.seq_len} tokens/step: "
+            f"{args.steps} steps planned")
+
     config = build_config(vocab_padded, args.smoke)
     torch.manual_seed(args.seed)
     config._attn_implementation = "sdpa"
@@ -337,7 +345,7 @@ def main():
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=(device.type == "cuda"))
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if device.type == "cuda" else {}))
 
     gen = torch.Generator().manual_seed(args.seed + 1)
     train_dev = train_tokens.to(device)
@@ -345,7 +353,7 @@ def main():
     offsets = torch.arange(span)
 
     planned = args.steps
-    warmup = max(1, min(args.warmup, planned // 10))
+    warmup = max(1, args.warmup)
     eval_every = args.eval_every or max(10, planned // 25)
     budget_s = args.max_minutes * 60.0
     history = []  # dicts: step, lr, train_loss, valid_loss
@@ -366,7 +374,7 @@ def main():
     t_loop = time.time()
     t_fit_from = None
     step = 0
-    stopped_by_clock = False
+    stopped_by_clock = stopped_by_nan = False
     recent = []
     while step < planned:
         if time.time() - t_loop > budget_s:
@@ -387,7 +395,9 @@ def main():
         step += 1
         loss_v = loss.item()  # syncs, so step timing below is real
         if not math.isfinite(loss_v):
-            sys.exit(f"loss is {loss_v} at step {step}")
+            stopped_by_nan = True
+            log(f"loss is {loss_v} at step {step}: stopping; the best weights so far are kept")
+            break
         recent.append(loss_v)
         row = {"step": step, "lr": lr, "train_loss": loss_v, "valid_loss": None}
 
@@ -397,6 +407,7 @@ def main():
             t_fit_from = time.time()
         if not args.no_fit and step == max(args.fit_after, 6):
             per_step = (time.time() - t_fit_from) / (step - 5)
+            row["valid_loss"], eval_s = do_eval(step)  # a warm evaluation, timed for the fit
             per_step_with_eval = per_step + eval_s / eval_every
             left = budget_s - (time.time() - t_loop) - 2 * eval_s
             fit = step + int(left / per_step_with_eval)
@@ -406,7 +417,7 @@ def main():
                 planned = max(step + 1, fit)
                 eval_every = args.eval_every or max(10, planned // 25)
                 log(f"planned steps lowered to {planned} (eval every {eval_every})")
-        if step % eval_every == 0 or step == planned:
+        if (step % eval_every == 0 or step == planned) and row["valid_loss"] is None:
             vl, eval_s = do_eval(step)
             row["valid_loss"] = vl
             log(f"step {step}/{planned}: train {sum(recent) / len(recent):.4f}, valid {vl:.4f}, lr {lr:.2e}, "
@@ -456,14 +467,13 @@ def main():
                         "" if r["valid_loss"] is None else f"{r['valid_loss']:.5f}"])
 
     tr = [(r["step"], r["train_loss"]) for r in history if r["train_loss"] is not None]
-    smooth, ema = [], None
-    for s, v in tr:
-        ema = v if ema is None else 0.95 * ema + 0.05 * v
-        smooth.append((s, ema))
+    width = max(1, min(50, len(tr) // 40))  # trailing mean over this many steps
+    smooth = [(tr[i][0], sum(v for _, v in tr[max(0, i - width + 1):i + 1]) / (i + 1 - max(0, i - width + 1)))
+              for i in range(len(tr))]
     va = [(r["step"], r["valid_loss"]) for r in history if r["valid_loss"] is not None]
     plot_png.line_plot(
         os.path.join(args.out_dir, "loss.png"),
-        [("train (ema)", [s for s, _ in smooth], [v for _, v in smooth], (31, 119, 180)),
+        [(f"train (mean of {width})" if width > 1 else "train", [s for s, _ in smooth], [v for _, v in smooth], (31, 119, 180)),
          ("valid", [s for s, _ in va], [v for _, v in va], (214, 39, 40))],
         title="kiln demo model: loss", xlabel="step", ylabel="loss (nats/token)",
         ylim=(min(v for _, v in smooth + va), min(max(v for _, v in va), 10.0)) if smooth else None)
@@ -488,6 +498,7 @@ def main():
         "steps_planned": planned,
         "steps_run": step,
         "stopped_by_clock": stopped_by_clock,
+        "stopped_by_nan": stopped_by_nan,
         "warmup": warmup,
         "lr": args.lr,
         "min_lr_ratio": args.min_lr_ratio,
@@ -500,9 +511,9 @@ def main():
         "valid_loss_best": min(v for _, v in va),
         "valid_loss": final_valid,
         "valid_perplexity": math.exp(final_valid),
-        "reproduce": f"train.py --seed {args.seed} --steps {planned} --no-fit --batch {args.batch} "
-                     f"--seq-len {args.seq_len} --lr {args.lr} --warmup {args.warmup}"
-                     + (" --smoke" if args.smoke else ""),
+        "reproduce": f"train.py --seed {args.seed} --epochs 0 --steps {planned} --no-fit --batch {args.batch} "
+                     f"--seq-len {args.seq_len} --lr {args.lr} --warmup {warmup}"
+                     if not args.smoke else "the smoke run is a pipeline test, not a model",
     }
     with open(os.path.join(args.out_dir, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)

@@ -17,7 +17,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 data="$here/data"
 work="$(mktemp -d)"
-chmod 755 "$work"  # apt-get download fetches as the _apt user
+chown _apt "$work" 2>/dev/null || chmod 777 "$work"  # apt-get download fetches as the _apt user
 trap 'rm -rf "$work"' EXIT
 
 want_version="4.38"

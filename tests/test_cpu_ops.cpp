@@ -80,6 +80,63 @@ TEST_F(CpuOps, RmsNormOnStridedViews) {
   EXPECT_LT(max_rel_diff(out.data_as<float>(), ref), 1e-6);
 }
 
+// residual = (residual + norm(block)·(w_b + offset))·scale; next = norm(residual)·(w_n + offset)
+TEST_F(CpuOps, ResidualNormMatchesNaive) {
+  const int64_t rows = 5, cols = 37;
+  const float offset = 0.5f, scale = 0.75f, eps = 1e-6f;
+  Tensor h = random_tensor(rng, Shape{rows, cols}), block = random_tensor(rng, Shape{rows, cols}, 3.0f);
+  Tensor wb = random_tensor(rng, Shape{cols}), wn = random_tensor(rng, Shape{cols});
+  std::vector<double> want_h(size_t(rows * cols)), want_next(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* b = block.data_as<float>() + r * cols;
+    double ms = 0;
+    for (int64_t c = 0; c < cols; ++c) ms += double(b[c]) * b[c];
+    const double inv_b = 1.0 / std::sqrt(ms / cols + eps);
+    double ms_h = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(r * cols + c);
+      want_h[i] = (h.data_as<float>()[i] + b[c] * inv_b * (wb.data_as<float>()[c] + offset)) * scale;
+      ms_h += want_h[i] * want_h[i];
+    }
+    const double inv_h = 1.0 / std::sqrt(ms_h / cols + eps);
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(r * cols + c);
+      want_next[i] = want_h[i] * inv_h * (wn.data_as<float>()[c] + offset);
+    }
+  }
+  Tensor next = backend.alloc(DType::f32, Shape{rows, cols});
+  backend.residual_norm(ResidualNormArgs{.residual = h,
+                                         .block_out = block,
+                                         .block_norm = wb,
+                                         .next = next,
+                                         .next_norm = wn,
+                                         .eps = eps,
+                                         .norm_offset = offset,
+                                         .scale = scale});
+  EXPECT_LT(max_rel_diff(h.data_as<float>(), want_h), 1e-6);
+  EXPECT_LT(max_rel_diff(next.data_as<float>(), want_next), 1e-6);
+}
+
+// One input against several matrices, and the GLU product, against separate products.
+TEST_F(CpuOps, FusedProductsMatchSeparateOnes) {
+  const int64_t m = 3, k = 40;
+  Tensor x = random_tensor(rng, Shape{m, k});
+  Tensor a = random_tensor(rng, Shape{17, k}), b = random_tensor(rng, Shape{9, k});
+  Tensor out_a = backend.alloc(DType::f32, Shape{m, 17}), out_b = backend.alloc(DType::f32, Shape{m, 9});
+  backend.matmul_many(x, std::vector<MatmulProduct>{{a, out_a}, {b, out_b}});
+  Tensor gate = backend.alloc(DType::f32, Shape{m, 9});
+  backend.matmul(x, b, gate);
+  for (int64_t i = 0; i < gate.numel(); ++i) EXPECT_EQ(out_b.data_as<float>()[i], gate.data_as<float>()[i]);
+  Tensor up = backend.alloc(DType::f32, Shape{m, 17});
+  backend.matmul(x, a, up);
+  Tensor up9 = up.cols_view(0, 9);
+  Tensor want = backend.alloc(DType::f32, Shape{m, 9});
+  backend.glu(gate, up9, Activation::gelu_tanh, want);
+  Tensor got = backend.alloc(DType::f32, Shape{m, 9});
+  backend.glu_matmul(x, b, a.rows_view(0, 9), Activation::gelu_tanh, got);
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_NEAR(got.data_as<float>()[i], want.data_as<float>()[i], 1e-5);
+}
+
 TEST_F(CpuOps, RopeRotatesPairsAtTheirOffset) {
   // Gemma's proportional layout: 3 rotated pairs of a 16-wide head pair (i, i + 8)
   const int64_t tokens = 5, heads = 3, hd = 16, pairs = 3, offset = 8;

@@ -113,6 +113,110 @@ TEST_F(Gpu, Rope) {
   EXPECT_LT(rel(from_gpu(xg), x), 1e-2);
 }
 
+TEST_F(Gpu, FusedProducts) {
+  // several products of one input in one launch, bf16 and f32 outputs, then the GLU product
+  for (int64_t m : {1, 3, 8, 9}) {
+    const int64_t k = 264;
+    Tensor x = random(Shape{m, k});
+    Tensor xg = to_gpu(x);
+    std::vector<Tensor> weights = {random(Shape{31, k}), random(Shape{64, k}), random(Shape{9, k})};
+    for (DType out_type : {DType::bf16, DType::f32}) {
+      std::vector<MatmulProduct> on_gpu;
+      for (const Tensor& w : weights) on_gpu.push_back({to_gpu(w), gpu->alloc(out_type, Shape{m, w.dim(0)})});
+      gpu->matmul_many(xg, on_gpu);
+      for (size_t i = 0; i < weights.size(); ++i) {
+        Tensor want = cpu.alloc(DType::f32, Shape{m, weights[i].dim(0)});
+        cpu.matmul(x, weights[i], want);
+        EXPECT_LT(rel(from_gpu(on_gpu[i].out), want), out_type == DType::f32 ? 1e-4 : 1e-2) << m << " " << i;
+      }
+    }
+    Tensor gate = random(Shape{45, k}, 0.1f), up = random(Shape{45, k});
+    for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+      Tensor want = cpu.alloc(DType::f32, Shape{m, 45});
+      cpu.glu_matmul(x, gate, up, act, want);
+      Tensor got = gpu->alloc(DType::bf16, Shape{m, 45});
+      gpu->glu_matmul(xg, to_gpu(gate), to_gpu(up), act, got);
+      EXPECT_LT(rel(from_gpu(got), want), 1e-2) << m;
+    }
+  }
+}
+
+TEST_F(Gpu, ResidualNorm) {
+  for (int64_t cols : {160, 1031, 3840}) {
+    for (bool block_norm : {false, true})
+      for (bool next : {false, true}) {
+        const int64_t rows = 5;
+        Tensor h = random(Shape{rows, cols}), b = random(Shape{rows, cols}, 3.0f);
+        Tensor wb = random(Shape{cols}), wn = random(Shape{cols});
+        Tensor hg = to_gpu(h);
+        Tensor next_cpu = next ? cpu.alloc(DType::f32, Shape{rows, cols}) : Tensor();
+        Tensor next_gpu = next ? gpu->alloc(DType::bf16, Shape{rows, cols}) : Tensor();
+        cpu.residual_norm(ResidualNormArgs{.residual = h,
+                                           .block_out = b,
+                                           .block_norm = block_norm ? wb : Tensor(),
+                                           .next = next_cpu,
+                                           .next_norm = wn,
+                                           .eps = 1e-6f,
+                                           .norm_offset = 0.5f,
+                                           .scale = 0.75f});
+        gpu->residual_norm(ResidualNormArgs{.residual = hg,
+                                            .block_out = to_gpu(b),
+                                            .block_norm = block_norm ? to_gpu(wb, DType::f32) : Tensor(),
+                                            .next = next_gpu,
+                                            .next_norm = to_gpu(wn, DType::f32),
+                                            .eps = 1e-6f,
+                                            .norm_offset = 0.5f,
+                                            .scale = 0.75f});
+        EXPECT_LT(rel(from_gpu(hg), h), 1e-2) << cols;
+        if (next) EXPECT_LT(rel(from_gpu(next_gpu), next_cpu), 2e-2) << cols;
+      }
+  }
+}
+
+TEST_F(Gpu, NormAndRope) {
+  // per-head norms folded into RoPE: full, partial and proportional pairings, a strided input,
+  // no rotation at all, and a head too wide for the fused kernel
+  struct Case {
+    int head_dim, n_pairs, offset;
+    bool strided, weighted;
+  };
+  for (const Case& c : {Case{64, 32, 32, true, true}, Case{256, 16, 32, false, true}, Case{512, 64, 256, false, true},
+                        Case{128, 0, 0, false, false}, Case{640, 32, 320, true, true}}) {
+    const int64_t tokens = 7, heads = 3;
+    Tensor wide = random(Shape{tokens * heads, 2 * c.head_dim}, 2.0f);
+    Tensor input = c.strided ? wide.cols_view(0, c.head_dim) : Tensor();
+    Tensor x = c.strided ? cpu.alloc(DType::f32, Shape{tokens, heads, c.head_dim})
+                         : random(Shape{tokens, heads, c.head_dim}, 2.0f);
+    Tensor wide_gpu = to_gpu(wide);
+    Tensor xg = c.strided ? gpu->alloc(DType::bf16, x.shape()) : to_gpu(x);
+    Tensor pos = host_tensor(DType::i32, Shape{tokens});
+    for (int i = 0; i < tokens; ++i) pos.data_as<int32_t>()[i] = i * 101;
+    Tensor freqs = host_tensor(DType::f32, Shape{c.n_pairs});
+    for (int i = 0; i < c.n_pairs; ++i) freqs.data_as<float>()[i] = std::pow(10000.0f, -float(i) / float(c.n_pairs));
+    Tensor weight = c.weighted ? random(Shape{c.head_dim}) : Tensor();
+    if (c.n_pairs == 0) freqs = Tensor();
+    cpu.rope(RopeArgs{.x = x,
+                      .positions = pos,
+                      .inv_freq = freqs,
+                      .pair_offset = c.offset,
+                      .normalize = true,
+                      .input = input,
+                      .norm_weight = weight,
+                      .norm_eps = 1e-6f,
+                      .norm_offset = 1.0f});
+    gpu->rope(RopeArgs{.x = xg,
+                       .positions = to_gpu(pos),
+                       .inv_freq = c.n_pairs ? to_gpu(freqs, DType::f32) : Tensor(),
+                       .pair_offset = c.offset,
+                       .normalize = true,
+                       .input = c.strided ? wide_gpu.cols_view(0, c.head_dim) : Tensor(),
+                       .norm_weight = c.weighted ? to_gpu(weight, DType::f32) : Tensor(),
+                       .norm_eps = 1e-6f,
+                       .norm_offset = 1.0f});
+    EXPECT_LT(rel(from_gpu(xg), x), 2e-2) << c.head_dim;
+  }
+}
+
 // Chunked prefill then decode through ring caches, several sequences per call, against the CPU.
 void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int hd, int64_t window, int64_t chunk,
                     std::mt19937& rng) {

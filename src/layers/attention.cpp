@@ -41,6 +41,19 @@ void apply_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rop
       RopeArgs{.x = x, .positions = batch.positions, .inv_freq = rope.inv_freq, .pair_offset = rope.pair_offset});
 }
 
+void norm_and_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, const HeadNorm& norm, Tensor& x,
+                   const Tensor& input) {
+  backend.rope(RopeArgs{.x = x,
+                        .positions = batch.positions,
+                        .inv_freq = rope.inv_freq,
+                        .pair_offset = rope.pair_offset,
+                        .normalize = true,
+                        .input = input,
+                        .norm_weight = norm.weight,
+                        .norm_eps = norm.eps,
+                        .norm_offset = norm.offset});
+}
+
 KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim) {
   KvCacheView c;
   c.capacity = capacity;

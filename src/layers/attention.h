@@ -27,6 +27,16 @@ RopeTable make_proportional_rope(Backend& backend, int head_dim, double theta, d
 
 void apply_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, Tensor& x);
 
+// The per-head RMS norm of q or k (weight + offset; no scale when weight is undefined) followed by
+// RoPE, in one op; `input` (row-strided allowed) is read instead of x when given.
+struct HeadNorm {
+  Tensor weight;
+  float eps = 1e-6f;
+  float offset = 0.0f;
+};
+void norm_and_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, const HeadNorm& norm, Tensor& x,
+                   const Tensor& input = Tensor());
+
 struct AttentionShape {
   int n_heads = 0;
   int n_kv_heads = 0;

@@ -40,10 +40,8 @@ Tensor gated_delta_net(Backend& backend, const BatchLayout& batch, int layer, co
   Tensor z = backend.alloc(dt, Shape{t, s.value_dim()});
   Tensor b = backend.alloc(dt, Shape{t, s.n_v_heads});
   Tensor a = backend.alloc(dt, Shape{t, s.n_v_heads});
-  backend.matmul(x, w.in_proj_qkv, qkv);
-  backend.matmul(x, w.in_proj_z, z);
-  backend.matmul(x, w.in_proj_b, b);
-  backend.matmul(x, w.in_proj_a, a);
+  backend.matmul_many(
+      x, std::vector<MatmulProduct>{{w.in_proj_qkv, qkv}, {w.in_proj_z, z}, {w.in_proj_b, b}, {w.in_proj_a, a}});
 
   std::vector<Tensor> conv_states, rec_states;
   bool all_single = true;

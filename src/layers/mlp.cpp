@@ -15,13 +15,10 @@ Result<GluMlp> load_glu_mlp(WeightLoader& loader, const std::string& prefix, int
 Tensor glu_mlp(Backend& backend, const Tensor& x, const GluMlp& mlp, Activation act) {
   const int64_t t = x.rows(), inter = mlp.gate.dim(0), hidden = mlp.down.dim(0);
   const DType dt = backend.activation_dtype();
-  Tensor gate = backend.alloc(dt, Shape{t, inter});
-  Tensor up = backend.alloc(dt, Shape{t, inter});
-  backend.matmul(x, mlp.gate, gate);
-  backend.matmul(x, mlp.up, up);
-  backend.glu(gate, up, act, gate);
+  Tensor gated = backend.alloc(dt, Shape{t, inter});
+  backend.glu_matmul(x, mlp.gate, mlp.up, act, gated);
   Tensor out = backend.alloc(dt, Shape{t, hidden});
-  backend.matmul(gate, mlp.down, out);
+  backend.matmul(gated, mlp.down, out);
   return out;
 }
 

@@ -186,8 +186,8 @@ std::vector<CheckpointTensor> gemma4_checkpoint_tensors(const Gemma4Config& c) {
   for (int64_t i = 0; i < L; ++i) {
     const auto& g = c.layers[size_t(i)];
     const std::string p = "model.layers." + std::to_string(i);
-    for (const char* norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                             "post_feedforward_layernorm"})
+    for (const char* norm :
+         {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"})
       ones(p + "." + norm + ".weight", Shape{H});
     matrix(p + ".self_attn.q_proj.weight", Shape{Hq * g.head_dim, H});
     ones(p + ".self_attn.q_norm.weight", Shape{g.head_dim});
@@ -208,8 +208,8 @@ std::vector<CheckpointTensor> gemma4_checkpoint_tensors(const Gemma4Config& c) {
       ones(p + ".router.per_expert_scale", Shape{E});
       matrix(p + ".experts.gate_up_proj", Shape{E, 2 * I, H});
       matrix(p + ".experts.down_proj", Shape{E, H, I});
-      for (const char* norm : {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
-                               "post_feedforward_layernorm_2"})
+      for (const char* norm :
+           {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"})
         ones(p + "." + norm + ".weight", Shape{H});
     }
     if (P > 0) {
@@ -255,7 +255,7 @@ class Gemma4Model final : public Model {
 
  private:
   Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
-  Tensor feed_forward_block(int64_t l, const Tensor& h);
+  Tensor feed_forward_block(int64_t l, const Tensor& h, const Tensor& x);
   Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded);
   Tensor norm(const Tensor& x, const Tensor& weight);
 
@@ -387,17 +387,33 @@ size_t Gemma4Model::decode_bytes(int64_t context, int64_t batch) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Gemma4Layer& w = layers_[i];
     const auto& g = c.layers[i];
-    for (const Tensor* t : {&w.input_layernorm, &w.post_attention_layernorm, &w.pre_feedforward_layernorm,
-                            &w.post_feedforward_layernorm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.q_norm,
-                            &w.k_norm, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router_proj, &w.router_norm_weight,
-                            &w.per_expert_scale, &w.pre_feedforward_layernorm_2, &w.post_feedforward_layernorm_1,
-                            &w.post_feedforward_layernorm_2, &w.per_layer_input_gate, &w.per_layer_projection,
+    for (const Tensor* t : {&w.input_layernorm,
+                            &w.post_attention_layernorm,
+                            &w.pre_feedforward_layernorm,
+                            &w.post_feedforward_layernorm,
+                            &w.q_proj,
+                            &w.k_proj,
+                            &w.v_proj,
+                            &w.o_proj,
+                            &w.q_norm,
+                            &w.k_norm,
+                            &w.mlp.gate,
+                            &w.mlp.up,
+                            &w.mlp.down,
+                            &w.router_proj,
+                            &w.router_norm_weight,
+                            &w.per_expert_scale,
+                            &w.pre_feedforward_layernorm_2,
+                            &w.post_feedforward_layernorm_1,
+                            &w.post_feedforward_layernorm_2,
+                            &w.per_layer_input_gate,
+                            &w.per_layer_projection,
                             &w.post_per_layer_input_norm})
       add(*t);
     if (c.enable_moe_block) {  // only the routed experts are read
       const int64_t routed = std::min(c.num_experts, batch * c.top_k_experts);
-      const size_t per_expert = (w.experts.gate.nbytes() + w.experts.up.nbytes() + w.experts.down.nbytes()) /
-                                size_t(c.num_experts);
+      const size_t per_expert =
+          (w.experts.gate.nbytes() + w.experts.up.nbytes() + w.experts.down.nbytes()) / size_t(c.num_experts);
       bytes += size_t(routed) * per_expert;
     }
     // keys and values in view of each query
@@ -448,35 +464,35 @@ Tensor Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const T
   const DType dt = backend_.activation_dtype();
   const RopeTable& rope = g.sliding ? rope_sliding_ : rope_full_;
 
-  Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
-  backend_.matmul(x, w.q_proj, q);
-  Tensor q_heads = q.reshape(Shape{T * Hq, hd});
-  backend_.rms_norm(q_heads, w.q_norm, eps, 0.0f, q_heads);
-  apply_rope(backend_, batch, rope, q);
-
   const AttentionShape shape{.n_heads = int(Hq),
                              .n_kv_heads = int(kv),
                              .head_dim = int(hd),
                              .scale = 1.0f,  // q and k are RMS-normalised; Gemma 4 does not scale scores
                              .window = g.sliding ? config_.sliding_window : 0};
+  // the projections this layer makes: q always; k unless it reads another layer's cache; v unless
+  // it is the key projection itself (k_eq_v)
+  Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
+  Tensor k, v;
+  std::vector<MatmulProduct> products;
+  products.reserve(3);
+  products.push_back({w.q_proj, q});
+  if (!g.shares_kv) {
+    k = backend_.alloc(dt, Shape{T, kv, hd});
+    v = backend_.alloc(dt, Shape{T, kv, hd});
+    products.push_back({w.k_proj, k});
+    if (!g.k_eq_v) products.push_back({w.v_proj, v});
+  }
+  backend_.matmul_many(x, products);
+  norm_and_rope(backend_, batch, rope, HeadNorm{.weight = w.q_norm, .eps = eps}, q);
+
   Tensor attn;
   if (g.shares_kv) {
     attn = cached_attention(backend_, batch, int(g.kv_source), q, nullptr, nullptr, shape);
   } else {
-    Tensor k = backend_.alloc(dt, Shape{T, kv, hd});
-    backend_.matmul(x, w.k_proj, k);
-    Tensor v = backend_.alloc(dt, Shape{T, kv, hd});
-    Tensor k_heads = k.reshape(Shape{T * kv, hd});
+    // values: the raw value (or, with k_eq_v, key) projection under a norm without scale
     Tensor v_heads = v.reshape(Shape{T * kv, hd});
-    if (g.k_eq_v) {
-      backend_.rms_norm(k_heads, Tensor(), eps, 0.0f, v_heads);  // values: the raw key projection, unscaled norm
-    } else {
-      Tensor v_raw = backend_.alloc(dt, Shape{T, kv * hd});
-      backend_.matmul(x, w.v_proj, v_raw);
-      backend_.rms_norm(v_raw.reshape(Shape{T * kv, hd}), Tensor(), eps, 0.0f, v_heads);
-    }
-    backend_.rms_norm(k_heads, w.k_norm, eps, 0.0f, k_heads);
-    apply_rope(backend_, batch, rope, k);
+    backend_.rms_norm(g.k_eq_v ? k.reshape(Shape{T * kv, hd}) : v_heads, Tensor(), eps, 0.0f, v_heads);
+    norm_and_rope(backend_, batch, rope, HeadNorm{.weight = w.k_norm, .eps = eps}, k);
     attn = cached_attention(backend_, batch, int(l), q, &k, &v, shape);
   }
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
@@ -484,10 +500,11 @@ Tensor Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const T
   return out;
 }
 
-Tensor Gemma4Model::feed_forward_block(int64_t l, const Tensor& h) {
+// x is pre_feedforward_layernorm(h); returns the block's output before post_feedforward_layernorm.
+Tensor Gemma4Model::feed_forward_block(int64_t l, const Tensor& h, const Tensor& x) {
   const Gemma4Layer& w = layers_[size_t(l)];
-  Tensor mlp = glu_mlp(backend_, norm(h, w.pre_feedforward_layernorm), w.mlp, Activation::gelu_tanh);
-  if (!config_.enable_moe_block) return norm(mlp, w.post_feedforward_layernorm);
+  Tensor mlp = glu_mlp(backend_, x, w.mlp, Activation::gelu_tanh);
+  if (!config_.enable_moe_block) return mlp;
 
   // MoE layer: the dense MLP and the experts both read the post-attention residual h
   Tensor dense = norm(mlp, w.post_feedforward_layernorm_1);
@@ -500,7 +517,7 @@ Tensor Gemma4Model::feed_forward_block(int64_t l, const Tensor& h) {
       Activation::gelu_tanh);
   Tensor sparse = norm(experts, w.post_feedforward_layernorm_2);
   backend_.add(dense, sparse, 1.0f, dense);
-  return norm(dense, w.post_feedforward_layernorm);
+  return dense;
 }
 
 // Per-layer inputs: (per_layer_model_projection(e) · hidden^-1/2, normed per layer, plus the
@@ -529,21 +546,46 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
   Tensor ple;
   if (P > 0) ple = per_layer_inputs(prepared.ids, h);  // [T, L·P]
 
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+  const int64_t L = config_.num_hidden_layers;
+  const float eps = float(config_.rms_norm_eps);
+  Tensor x = norm(h, layers_[0].input_layernorm);  // each block's input norm comes with the residual update before it
+  for (int64_t l = 0; l < L; ++l) {
     const Gemma4Layer& w = layers_[size_t(l)];
-    Tensor attn = norm(attention_block(batch, l, norm(h, w.input_layernorm)), w.post_attention_layernorm);
-    backend_.add(h, attn, 1.0f, h);
-    Tensor ff = feed_forward_block(l, h);
-    backend_.add(h, ff, 1.0f, h);
-    if (P > 0) {
-      Tensor gate = backend_.alloc(dt, Shape{T, P});
-      backend_.matmul(h, w.per_layer_input_gate, gate);
-      backend_.glu(gate, ple.cols_view(l * P, P), Activation::gelu_tanh, gate);
-      Tensor proj = backend_.alloc(dt, Shape{T, H});
-      backend_.matmul(gate, w.per_layer_projection, proj);
-      backend_.add(h, norm(proj, w.post_per_layer_input_norm), 1.0f, h);
+    const bool last = l + 1 == L;
+    Tensor attn = attention_block(batch, l, x);
+    Tensor ff_in = backend_.alloc(dt, Shape{T, H});
+    backend_.residual_norm(ResidualNormArgs{.residual = h,  // h += post_attention_layernorm(attn)
+                                            .block_out = attn,
+                                            .block_norm = w.post_attention_layernorm,
+                                            .next = ff_in,
+                                            .next_norm = w.pre_feedforward_layernorm,
+                                            .eps = eps});
+    Tensor ff = feed_forward_block(l, h, ff_in);
+    // h += post_feedforward_layernorm(ff); then the per-layer input; h ·= layer_scalar
+    ResidualNormArgs ff_residual{
+        .residual = h, .block_out = ff, .block_norm = w.post_feedforward_layernorm, .eps = eps};
+    if (P == 0) {
+      ff_residual.scale = w.layer_scalar;
+      if (!last) {
+        x = backend_.alloc(dt, Shape{T, H});
+        ff_residual.next = x;
+        ff_residual.next_norm = layers_[size_t(l + 1)].input_layernorm;
+      }
+      backend_.residual_norm(ff_residual);
+      continue;
     }
-    if (w.layer_scalar != 1.0f) backend_.scale(h, w.layer_scalar, h);
+    backend_.residual_norm(ff_residual);
+    Tensor gate = backend_.alloc(dt, Shape{T, P});
+    backend_.matmul(h, w.per_layer_input_gate, gate);
+    backend_.glu(gate, ple.cols_view(l * P, P), Activation::gelu_tanh, gate);
+    Tensor proj = backend_.alloc(dt, Shape{T, H});
+    backend_.matmul(gate, w.per_layer_projection, proj);
+    backend_.residual_norm(ResidualNormArgs{.residual = h,
+                                            .block_out = proj,
+                                            .block_norm = w.post_per_layer_input_norm,
+                                            .eps = eps,
+                                            .scale = w.layer_scalar});
+    if (!last) x = norm(h, layers_[size_t(l + 1)].input_layernorm);
   }
 
   Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);

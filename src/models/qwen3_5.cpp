@@ -292,11 +292,31 @@ size_t Qwen35Model::decode_bytes(int64_t context, int64_t batch) const {
   add(norm_weight);
   add(lm_head);
   for (const Qwen35Layer& w : layers_) {
-    for (const Tensor* t : {&w.input_layernorm, &w.post_attention_layernorm, &w.q_proj, &w.k_proj, &w.v_proj,
-                            &w.o_proj, &w.q_norm, &w.k_norm, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router,
-                            &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down, &w.shared_expert_gate,
-                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
-                            &w.delta.conv1d, &w.delta.a_log, &w.delta.dt_bias, &w.delta.norm, &w.delta.out_proj})
+    for (const Tensor* t : {&w.input_layernorm,
+                            &w.post_attention_layernorm,
+                            &w.q_proj,
+                            &w.k_proj,
+                            &w.v_proj,
+                            &w.o_proj,
+                            &w.q_norm,
+                            &w.k_norm,
+                            &w.mlp.gate,
+                            &w.mlp.up,
+                            &w.mlp.down,
+                            &w.router,
+                            &w.shared_expert.gate,
+                            &w.shared_expert.up,
+                            &w.shared_expert.down,
+                            &w.shared_expert_gate,
+                            &w.delta.in_proj_qkv,
+                            &w.delta.in_proj_z,
+                            &w.delta.in_proj_b,
+                            &w.delta.in_proj_a,
+                            &w.delta.conv1d,
+                            &w.delta.a_log,
+                            &w.delta.dt_bias,
+                            &w.delta.norm,
+                            &w.delta.out_proj})
       add(*t);
     if (c.num_experts > 0) {
       const int64_t routed = std::min(c.num_experts, batch * c.num_experts_per_tok);
@@ -319,10 +339,9 @@ double Qwen35Model::prefill_flops(int64_t tokens) const {
   const double t = double(tokens);
   double params = double(lm_head.numel()), other = 0;
   for (const Qwen35Layer& w : layers_) {
-    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down,
-                            &w.router, &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down,
-                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
-                            &w.delta.out_proj})
+    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router,
+                            &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down, &w.delta.in_proj_qkv,
+                            &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a, &w.delta.out_proj})
       params += m->defined() ? double(m->numel()) : 0.0;
     if (c.num_experts > 0)
       params += double(c.num_experts_per_tok) *
@@ -354,19 +373,14 @@ Tensor Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const T
   // q_proj gives, per head, the query followed by an output gate of the same width
   Tensor q_and_gate = backend_.alloc(dt, Shape{T * Hq, 2 * hd});
   Tensor q_and_gate_rows = q_and_gate.reshape(Shape{T, Hq * 2 * hd});
-  backend_.matmul(x, w.q_proj, q_and_gate_rows);
-  Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
-  backend_.rms_norm(q_and_gate.cols_view(0, hd), w.q_norm, eps, norm_offset_, q);
-  Tensor gate = q_and_gate.cols_view(hd, hd);  // [T·Hq, hd], row-strided
-
   Tensor k = backend_.alloc(dt, Shape{T, kv, hd});
-  backend_.matmul(x, w.k_proj, k);
-  Tensor k_heads = k.reshape(Shape{T * kv, hd});
-  backend_.rms_norm(k_heads, w.k_norm, eps, norm_offset_, k_heads);
   Tensor v = backend_.alloc(dt, Shape{T, kv, hd});
-  backend_.matmul(x, w.v_proj, v);
-  apply_rope(backend_, batch, rope_, q);
-  apply_rope(backend_, batch, rope_, k);
+  backend_.matmul_many(x, std::vector<MatmulProduct>{{w.q_proj, q_and_gate_rows}, {w.k_proj, k}, {w.v_proj, v}});
+  Tensor gate = q_and_gate.cols_view(hd, hd);  // [T·Hq, hd], row-strided
+  Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
+  norm_and_rope(backend_, batch, rope_, HeadNorm{.weight = w.q_norm, .eps = eps, .offset = norm_offset_}, q,
+                q_and_gate.cols_view(0, hd));
+  norm_and_rope(backend_, batch, rope_, HeadNorm{.weight = w.k_norm, .eps = eps, .offset = norm_offset_}, k);
 
   Tensor attn = cached_attention(
       backend_, batch, int(l), q, &k, &v,
@@ -381,19 +395,20 @@ Tensor Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const T
 
 Tensor Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x) {
   if (config_.num_experts == 0) return glu_mlp(backend_, x, w.mlp, Activation::silu);
+  const bool shared = config_.shared_expert_intermediate_size > 0;
   Tensor logits = backend_.alloc(DType::f32, Shape{x.rows(), config_.num_experts});
-  backend_.matmul(x, w.router, logits);
+  Tensor shared_gate = shared ? backend_.alloc(DType::f32, Shape{x.rows(), 1}) : Tensor();
+  std::vector<MatmulProduct> products;
+  products.reserve(2);
+  products.push_back({w.router, logits});
+  if (shared) products.push_back({w.shared_expert_gate, shared_gate});
+  backend_.matmul_many(x, products);
   Tensor out = routed_experts(
       backend_, logits, x, w.experts,
       MoeRouting{
           .top_k = int(config_.num_experts_per_tok), .renormalize = config_.norm_topk_prob, .expert_scale = Tensor()},
       Activation::silu);
-  if (config_.shared_expert_intermediate_size > 0) {
-    Tensor shared = glu_mlp(backend_, x, w.shared_expert, Activation::silu);
-    Tensor gate = backend_.alloc(DType::f32, Shape{x.rows(), 1});
-    backend_.matmul(x, w.shared_expert_gate, gate);
-    backend_.add_sigmoid_gated(out, shared, gate);
-  }
+  if (shared) backend_.add_sigmoid_gated(out, glu_mlp(backend_, x, w.shared_expert, Activation::silu), shared_gate);
   return out;
 }
 
@@ -403,13 +418,29 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 
   Tensor h = backend_.alloc(backend_.activation_dtype(), Shape{T, H});
   backend_.embed(prepared.ids, embed_tokens, 1.0f, h);
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+  const int64_t L = config_.num_hidden_layers;
+  const float eps = float(config_.rms_norm_eps);
+  const DType dt = backend_.activation_dtype();
+  Tensor x = norm(h, layers_[0].input_layernorm);  // each block's input norm comes with the residual update before it
+  for (int64_t l = 0; l < L; ++l) {
     const Qwen35Layer& w = layers_[size_t(l)];
-    Tensor x = norm(h, w.input_layernorm);
     Tensor mixed =
         w.linear ? gated_delta_net(backend_, batch, int(l), x, w.delta, delta_shape_) : attention_block(batch, l, x);
-    backend_.add(h, mixed, 1.0f, h);
-    backend_.add(h, feed_forward_block(w, norm(h, w.post_attention_layernorm)), 1.0f, h);
+    Tensor ff_in = backend_.alloc(dt, Shape{T, H});
+    backend_.residual_norm(ResidualNormArgs{.residual = h,
+                                            .block_out = mixed,
+                                            .next = ff_in,
+                                            .next_norm = w.post_attention_layernorm,
+                                            .eps = eps,
+                                            .norm_offset = norm_offset_});
+    Tensor ff = feed_forward_block(w, ff_in);
+    ResidualNormArgs ff_residual{.residual = h, .block_out = ff, .eps = eps, .norm_offset = norm_offset_};
+    if (l + 1 < L) {
+      x = backend_.alloc(dt, Shape{T, H});
+      ff_residual.next = x;
+      ff_residual.next_norm = layers_[size_t(l + 1)].input_layernorm;
+    }
+    backend_.residual_norm(ff_residual);
   }
   Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);
   Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});

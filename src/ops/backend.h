@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,12 @@ class Backend {
 
   // Linear algebra and elementwise ops.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;  // out = x · wᵀ
+  // Several products of one input (a layer's q/k/v projections); a backend may run them as one
+  // launch. The default runs them one by one.
+  virtual void matmul_many(const Tensor& x, std::span<const MatmulProduct> products);
+  // out = act(x · gateᵀ) ⊙ (x · upᵀ): the first half of a GLU MLP. The default is two products and
+  // glu() through a scratch tensor.
+  virtual void glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out);
   virtual void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) = 0;
   // out = x / rms(x) · (weight + weight_offset) over the last dim; no weight when undefined.
   // x and out may be row-strided views.
@@ -80,6 +87,8 @@ class Backend {
   // out = rms_norm(x) · weight · silu(z)  (Gated DeltaNet's output norm)
   virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) = 0;
   virtual void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) = 0;  // (a + b) · scale
+  // The residual update between blocks fused with the next block's input norm (see the args).
+  virtual void residual_norm(const ResidualNormArgs& args) = 0;
   virtual void scale(const Tensor& x, float s, Tensor& out) = 0;
   virtual void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;  // act(gate) ⊙ up
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) = 0;           // x ⊙ sigmoid(gate)

@@ -54,11 +54,43 @@ struct AttentionArgs {
 
 // Rotary embedding, rotate-half convention: element i (< n_pairs) of each head pairs with element
 // i + pair_offset and turns by position · inv_freq[i]; other elements pass through.
+//
+// With `normalize`, each head is first RMS-normalised and scaled by norm_weight + norm_offset (no
+// scale when norm_weight is undefined): the per-head q/k norms folded into the rotation. `input`,
+// when defined, is read instead of x (row-strided allowed) and x receives the result. An empty
+// inv_freq rotates nothing.
 struct RopeArgs {
   Tensor x;          // [T, n_heads, head_dim], rotated in place
   Tensor positions;  // [T] i32
   Tensor inv_freq;   // [n_pairs] f32
   int pair_offset = 0;
+  bool normalize = false;
+  Tensor input;        // [T · n_heads, head_dim] or undefined
+  Tensor norm_weight;  // [head_dim] f32 or undefined
+  float norm_eps = 1e-6f;
+  float norm_offset = 0.0f;
+};
+
+// The residual update between two blocks and the norm the next block reads:
+//   residual = (residual + b) · scale,  b = rms_norm(block_out) · (block_norm + norm_offset) when
+//   block_norm is defined, else block_out;
+//   next = rms_norm(residual) · (next_norm + norm_offset)  (plain norm when next_norm is undefined),
+//   computed only when next is defined.
+struct ResidualNormArgs {
+  Tensor residual;    // [T, hidden], updated
+  Tensor block_out;   // [T, hidden]
+  Tensor block_norm;  // [hidden] f32 or undefined
+  Tensor next;        // [T, hidden] or undefined
+  Tensor next_norm;   // [hidden] f32 or undefined
+  float eps = 1e-6f;
+  float norm_offset = 0.0f;
+  float scale = 1.0f;
+};
+
+// One of several products of the same input: out = x · weightᵀ.
+struct MatmulProduct {
+  Tensor weight;  // [n, k]
+  Tensor out;     // [T, n]
 };
 
 // Depthwise causal conv1d over time whose last kernel-1 inputs carry over between calls.

@@ -10,7 +10,9 @@
 namespace kiln {
 
 void CpuBackend::rope(const RopeArgs& args) {
-  const Tensor& x = args.x;
+  Tensor x = args.x;
+  if (args.normalize)
+    rms_norm(args.input.defined() ? args.input : x, args.norm_weight, args.norm_eps, args.norm_offset, x);
   const int64_t n_tokens = args.positions.numel();
   const int64_t rows = x.rows();  // tokens × heads
   const int64_t heads = n_tokens ? rows / n_tokens : 0;

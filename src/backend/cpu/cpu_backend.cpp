@@ -258,6 +258,38 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, float scale, Tensor& out)
   finish(out);
 }
 
+// The same arithmetic, in the same order, as rms_norm, add, scale and rms_norm one after the other.
+void CpuBackend::residual_norm(const ResidualNormArgs& args) {
+  const int64_t cols = args.residual.cols();
+  const float* block_w = args.block_norm.defined() ? args.block_norm.data_as<float>() : nullptr;
+  const float offset = args.norm_offset, scale = args.scale;
+  pool_.parallel_for(
+      args.residual.rows(),
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> normed(size_t(block_w ? cols : 0));
+        for (int64_t r = begin; r < end; ++r) {
+          float* res = row_ptr(args.residual, r);
+          const float* b = row_ptr(args.block_out, r);
+          if (block_w) {
+            double sum = 0;
+            for (int64_t c = 0; c < cols; ++c) sum += double(b[c]) * b[c];
+            const float inv = float(1.0 / std::sqrt(sum / double(cols) + double(args.eps)));
+            for (int64_t c = 0; c < cols; ++c) normed[size_t(c)] = b[c] * inv * (block_w[c] + offset);
+            b = normed.data();
+          }
+          for (int64_t c = 0; c < cols; ++c) res[c] = res[c] + b[c];
+          if (scale != 1.0f)
+            for (int64_t c = 0; c < cols; ++c) res[c] = res[c] * scale;
+        }
+      },
+      grain_for(cols));
+  finish(args.residual);
+  if (args.next.defined()) {
+    Tensor next = args.next;
+    rms_norm(args.residual, args.next_norm, args.eps, offset, next);
+  }
+}
+
 void CpuBackend::scale(const Tensor& x, float s, Tensor& out) {
   const int64_t cols = x.cols();
   pool_.parallel_for(

@@ -48,8 +48,8 @@ SeqTable make_table(const std::vector<SeqRows>& seqs, const std::vector<KvCacheV
   for (int i = 0; i < table.n; ++i) {
     const SeqRows& s = seqs[begin + size_t(i)];
     const KvCacheView& c = caches[begin + size_t(i)];
-    table.seq[i] = SeqDesc{s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(),
-                           c.slot_pos.data_as<int32_t>(), c.capacity, 0};
+    table.seq[i] = SeqDesc{
+        s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(), c.slot_pos.data_as<int32_t>(), c.capacity, 0};
   }
   return table;
 }
@@ -57,6 +57,7 @@ SeqTable make_table(const std::vector<SeqRows>& seqs, const std::vector<KvCacheV
 template <typename T>
 __global__ void rope_kernel(Rows<T> x, const int32_t* positions, const float* inv_freq, int heads, int n_pairs,
                             int offset, int64_t rows) {
+  wait_for_inputs();
   const int64_t r = blockIdx.x;
   if (r >= rows) return;
   const float pos = float(positions[r / heads]);
@@ -70,8 +71,51 @@ __global__ void rope_kernel(Rows<T> x, const int32_t* positions, const float* in
   }
 }
 
+// The per-head q/k norm and the rotation in one pass: a warp per head row, the row staged in
+// shared memory so that the rotation reads its partner elements after normalisation.
+constexpr int kNormRopeWarps = 8;
+constexpr int kNormRopeMaxDim = 512;
+
+template <typename T>
+__global__ void norm_rope_kernel(Rows<T> x, Rows<const T> in, const int32_t* positions, const float* inv_freq,
+                                 int heads, int n_pairs, int offset, int64_t rows, int head_dim, const float* weight,
+                                 float eps, float weight_offset) {
+  wait_for_inputs();
+  __shared__ float staged[kNormRopeWarps][kNormRopeMaxDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = int64_t(blockIdx.x) * kNormRopeWarps + warp;
+  if (r >= rows) return;
+  float* row = staged[warp];
+  const T* src = in.row(r);
+  float sum = 0;
+  for (int c = lane; c < head_dim; c += 32) {
+    const float v = to_float(src[c]);
+    row[c] = v;
+    sum += v * v;
+  }
+  const float inv = rsqrtf(warp_sum(sum) / float(head_dim) + eps);
+  for (int c = lane; c < head_dim; c += 32) row[c] *= weight ? inv * (weight[c] + weight_offset) : inv;
+  __syncwarp();
+  const float pos = float(positions[r / heads]);
+  T* dst = x.row(r);
+  for (int c = lane; c < head_dim; c += 32) {
+    float v = row[c];
+    if (c < n_pairs) {
+      float s, co;
+      sincosf(pos * inv_freq[c], &s, &co);
+      v = row[c] * co - row[c + offset] * s;
+    } else if (c >= offset && c < offset + n_pairs) {
+      float s, co;
+      sincosf(pos * inv_freq[c - offset], &s, &co);
+      v = row[c] * co + row[c - offset] * s;
+    }
+    dst[c] = from_float<T>(v);
+  }
+}
+
 __global__ void kv_write_kernel(SeqTable table, const bf16* k, const bf16* v, const int32_t* positions,
                                 int64_t row_elems, int64_t first_row) {
+  wait_for_inputs();
   const int64_t row = first_row + blockIdx.x;
   const SeqDesc& s = table.seq[find_seq(table, row)];
   if (row < s.row_begin || row >= s.row_begin + s.n_rows) return;
@@ -122,6 +166,7 @@ struct AttnSmem {
 
 template <int D, int BQ, int BK>
 __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
+  wait_for_inputs();
   using namespace nvcuda;
   using L = AttnSmem<D, BQ, BK>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -277,7 +322,6 @@ __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
   }
 }
 
-
 // Decode (a few rows per sequence): flash-decoding. Blocks split each sequence's slots into
 // spans, a warp per (row, query head) runs an online softmax over its span, and a second kernel
 // merges the spans. Parallel over slots, so one KV head and a long context still fill the GPU.
@@ -298,6 +342,7 @@ struct DecodeParams {
 
 template <int kChunksPerLane>  // head_dim / 256, rounded up: 16-byte chunks of q, k, v per lane
 __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
+  wait_for_inputs();
   const SeqDesc& seq = p.seqs.seq[blockIdx.z];
   const int kvh = blockIdx.y, split = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -384,6 +429,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
 
 // out[row, head] = Σ_split e^{m_s − m} o_s / Σ_split e^{m_s − m} l_s
 __global__ void decode_combine_kernel(DecodeParams p, int64_t row_begin) {
+  wait_for_inputs();
   const int64_t row = row_begin + blockIdx.x;
   const int head = blockIdx.y, hd = p.head_dim;
   const float* part = p.partial + (row * p.n_heads + head) * p.splits * (hd + 2);
@@ -411,7 +457,7 @@ void launch_attention(const AttnParams& params, cudaStream_t stream) {
   std::call_once(configured, [] {
     cudaFuncSetAttribute(attention_kernel<D, BQ, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
   });
-  attention_kernel<D, BQ, BK><<<params.total_tiles, BQ / 16 * 32, L::bytes, stream>>>(params);
+  launch(attention_kernel<D, BQ, BK>, params.total_tiles, BQ / 16 * 32, L::bytes, stream, params);
 }
 
 size_t max_shared_memory() {
@@ -444,13 +490,29 @@ int rows_per_tile(int head_dim) {
 
 void rope(const RopeArgs& args, cudaStream_t stream) {
   const int64_t rows = args.x.rows(), tokens = args.positions.numel();
-  if (rows == 0 || args.inv_freq.numel() == 0) return;
+  if (rows == 0) return;
   const int heads = int(rows / tokens);
+  const float* norm_w = args.norm_weight.defined() ? args.norm_weight.data_as<float>() : nullptr;
+  const Tensor& in = args.input.defined() ? args.input : args.x;
+  if (args.normalize && args.x.cols() <= kNormRopeMaxDim) {
+    dispatch_float(args.x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      launch(norm_rope_kernel<T>, ceil_div(rows, kNormRopeWarps), kNormRopeWarps * 32, 0, stream, rows_of<T>(args.x),
+             rows_of<const T>(in), args.positions.data_as<int32_t>(),
+             args.inv_freq.numel() ? args.inv_freq.data_as<float>() : nullptr, heads, int(args.inv_freq.numel()),
+             args.pair_offset, rows, int(args.x.cols()), norm_w, args.norm_eps, args.norm_offset);
+    });
+    return;
+  }
+  if (args.normalize) {
+    Tensor x = args.x;
+    rms_norm(in, args.norm_weight, args.norm_eps, args.norm_offset, x, stream);
+  }
+  if (args.inv_freq.numel() == 0) return;
   dispatch_float(args.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<int(rows), 64, 0, stream>>>(rows_of<T>(args.x), args.positions.data_as<int32_t>(),
-                                                 args.inv_freq.data_as<float>(), heads, int(args.inv_freq.numel()),
-                                                 args.pair_offset, rows);
+    launch(rope_kernel<T>, int(rows), 64, 0, stream, rows_of<T>(args.x), args.positions.data_as<int32_t>(),
+           args.inv_freq.data_as<float>(), heads, int(args.inv_freq.numel()), args.pair_offset, rows);
   });
 }
 
@@ -461,8 +523,8 @@ void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
     const SeqTable table = make_table(args.seqs, args.caches, begin);
     const int64_t first = table.seq[0].row_begin;
     const int64_t last = table.seq[table.n - 1].row_begin + table.seq[table.n - 1].n_rows;
-    kv_write_kernel<<<int(last - first), 64, 0, stream>>>(table, args.k.data_as<bf16>(), args.v.data_as<bf16>(),
-                                                          args.positions.data_as<int32_t>(), row_elems, first);
+    launch(kv_write_kernel, int(last - first), 64, 0, stream, table, args.k.data_as<bf16>(), args.v.data_as<bf16>(),
+           args.positions.data_as<int32_t>(), row_elems, first);
   }
 }
 
@@ -494,12 +556,12 @@ void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaS
     p.seqs = make_table(args.seqs, args.caches, begin);
     const dim3 grid(unsigned(p.splits), unsigned(p.n_kv_heads), unsigned(p.seqs.n));
     if (args.head_dim <= 256)
-      decode_attention_kernel<1><<<grid, 128, 0, stream>>>(p);
+      launch(decode_attention_kernel<1>, grid, 128, 0, stream, p);
     else
-      decode_attention_kernel<2><<<grid, 128, 0, stream>>>(p);
+      launch(decode_attention_kernel<2>, grid, 128, 0, stream, p);
     const int64_t first = p.seqs.seq[0].row_begin;
     const int64_t last = p.seqs.seq[p.seqs.n - 1].row_begin + p.seqs.seq[p.seqs.n - 1].n_rows;
-    decode_combine_kernel<<<dim3(unsigned(last - first), unsigned(p.n_heads)), 128, 0, stream>>>(p, first);
+    launch(decode_combine_kernel, dim3(unsigned(last - first), unsigned(p.n_heads)), 128, 0, stream, p, first);
   }
 }
 

@@ -326,6 +326,31 @@ class CudaBackend final : public Backend {
                      cuda_type(out.dtype()), int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) record(fmt::format("cublasGemmEx failed ({}) for {}x{}x{}", int(st), m, n, k));
   }
+  void matmul_many(const Tensor& x, std::span<const MatmulProduct> products) override {
+    std::vector<Tensor> weights, outs;
+    for (const MatmulProduct& p : products) {
+      weights.push_back(p.weight);
+      outs.push_back(p.out);
+    }
+    {
+      OpTimer timed(this, "matmul");
+      if (cuda::small_matmul_many(x, weights.data(), outs.data(), int(outs.size()), stream_)) {
+        after_launch("small_matmul_many");
+        return;
+      }
+    }
+    Backend::matmul_many(x, products);
+  }
+  void glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override {
+    {
+      OpTimer timed(this, "matmul");
+      if (cuda::small_glu_matmul(x, gate, up, act, out, stream_)) {
+        after_launch("small_glu_matmul");
+        return;
+      }
+    }
+    Backend::glu_matmul(x, gate, up, act, out);
+  }
   void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {
     OpTimer timed(this, "embed");
     cuda::embed(ids, table, scale, out, stream_);
@@ -345,6 +370,11 @@ class CudaBackend final : public Backend {
     OpTimer timed(this, "add");
     cuda::add(a, b, scale, out, stream_);
     after_launch("add");
+  }
+  void residual_norm(const ResidualNormArgs& args) override {
+    OpTimer timed(this, "residual_norm");
+    cuda::residual_norm(args, stream_);
+    after_launch("residual_norm");
   }
   void scale(const Tensor& x, float s, Tensor& out) override {
     OpTimer timed(this, "scale");

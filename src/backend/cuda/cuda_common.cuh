@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -100,6 +101,34 @@ __device__ __forceinline__ float block_sum(float v) {
   float total = 0;
   for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) total += partial[w];
   return total;
+}
+
+// Programmatic dependent launch. At batch 1 a decode step is about a thousand short kernels, and
+// each launch used to start only after the previous kernel had drained. Kernels launched with
+// launch() may be scheduled while the kernel before them finishes; every kernel therefore calls
+// wait_for_inputs() before it touches memory, which returns once the previous kernel has completed
+// and its writes are visible, and then lets the next kernel start its own launch.
+__device__ __forceinline__ void wait_for_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 inline int ceil_div(int64_t a, int64_t b) {

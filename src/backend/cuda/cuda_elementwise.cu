@@ -1,6 +1,7 @@
 // CUDA backend: elementwise and row-wise ops (norms, activations, embedding, argmax).
 // Row-wise ops use one warp per row: rows are short (head dims) or few (tokens), and the work is
 // memory-bound either way.
+#include <algorithm>
 #include <cassert>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -14,12 +15,14 @@ constexpr int kWarpsPerBlock = 8;
 
 template <typename T>
 __global__ void fill_kernel(Rows<T> t, int64_t rows, int64_t cols, float value) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   t.row(i / cols)[i % cols] = from_float<T>(value);
 }
 
 __global__ void fill_i32_kernel(Rows<int32_t> t, int64_t rows, int64_t cols, int32_t value) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   t.row(i / cols)[i % cols] = value;
@@ -27,6 +30,7 @@ __global__ void fill_i32_kernel(Rows<int32_t> t, int64_t rows, int64_t cols, int
 
 template <typename S, typename D>
 __global__ void convert_kernel(Rows<const S> src, Rows<D> dst, int64_t rows, int64_t cols) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   dst.row(i / cols)[i % cols] = from_float<D>(to_float(src.row(i / cols)[i % cols]));
@@ -35,6 +39,7 @@ __global__ void convert_kernel(Rows<const S> src, Rows<D> dst, int64_t rows, int
 template <typename W, typename O>
 __global__ void embed_kernel(const int32_t* ids, Rows<const W> table, int64_t vocab, Rows<O> out, int64_t n,
                              int64_t cols, float scale) {
+  wait_for_inputs();
   const int64_t r = blockIdx.x;
   if (r >= n) return;
   int64_t id = ids[r];
@@ -48,6 +53,7 @@ __global__ void embed_kernel(const int32_t* ids, Rows<const W> table, int64_t vo
 template <typename T, bool kGated>
 __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* weight, Rows<T> out, int64_t rows,
                                 int64_t cols, float eps, float offset) {
+  wait_for_inputs();
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -75,6 +81,7 @@ __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* w
 template <typename T, bool kGated>
 __global__ void rms_norm_row_kernel(Rows<const T> x, Rows<const T> z, const float* weight, Rows<T> out, int64_t cols,
                                     float eps, float offset) {
+  wait_for_inputs();
   const int64_t r = blockIdx.x;
   const T* in = x.row(r);
   float sum = 0;
@@ -97,10 +104,48 @@ __global__ void rms_norm_row_kernel(Rows<const T> x, Rows<const T> z, const floa
 
 constexpr int64_t kLongRow = 1024;
 
+// A block per row: the block output's norm, the residual update (rounded to T once, as stored),
+// then the norm of the stored residual for the next block.
+template <typename T>
+__global__ void residual_norm_kernel(Rows<T> residual, Rows<const T> block_out, const float* block_w, Rows<T> next,
+                                     const float* next_w, int64_t cols, float eps, float offset, float scale) {
+  wait_for_inputs();
+  const int64_t r = blockIdx.x;
+  const T* b = block_out.row(r);
+  T* res = residual.row(r);
+  float inv_b = 1.0f;
+  if (block_w) {
+    float sum = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = to_float(b[c]);
+      sum += v * v;
+    }
+    inv_b = rsqrtf(block_sum(sum) / float(cols) + eps);
+  }
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = to_float(b[c]);
+    if (block_w) v *= inv_b * (block_w[c] + offset);
+    const T stored = from_float<T>((to_float(res[c]) + v) * scale);
+    res[c] = stored;
+    const float s = to_float(stored);
+    sum += s * s;
+  }
+  if (!next.data) return;
+  const float inv = rsqrtf(block_sum(sum) / float(cols) + eps);
+  T* o = next.row(r);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {  // this thread's own writes above
+    float v = to_float(res[c]) * inv;
+    if (next_w) v *= next_w[c] + offset;
+    o[c] = from_float<T>(v);
+  }
+}
+
 enum class Binary { add, glu_silu, glu_gelu, sigmoid_mul };
 
 template <typename T, Binary kOp>
 __global__ void binary_kernel(Rows<const T> a, Rows<const T> b, Rows<T> out, int64_t rows, int64_t cols, float scale) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   const int64_t r = i / cols, c = i % cols;
@@ -115,6 +160,7 @@ __global__ void binary_kernel(Rows<const T> a, Rows<const T> b, Rows<T> out, int
 
 template <typename T>
 __global__ void scale_kernel(Rows<const T> x, Rows<T> out, int64_t rows, int64_t cols, float s) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   out.row(i / cols)[i % cols] = from_float<T>(to_float(x.row(i / cols)[i % cols]) * s);
@@ -122,6 +168,7 @@ __global__ void scale_kernel(Rows<const T> x, Rows<T> out, int64_t rows, int64_t
 
 template <typename T>
 __global__ void softcap_kernel(Rows<T> x, int64_t rows, int64_t cols, float cap) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   T* p = x.row(i / cols) + i % cols;
@@ -130,6 +177,7 @@ __global__ void softcap_kernel(Rows<T> x, int64_t rows, int64_t cols, float cap)
 
 template <typename T, typename G>
 __global__ void add_sigmoid_gated_kernel(Rows<T> acc, Rows<const T> x, Rows<const G> gate, int64_t rows, int64_t cols) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   const int64_t r = i / cols, c = i % cols;
@@ -140,6 +188,7 @@ __global__ void add_sigmoid_gated_kernel(Rows<T> acc, Rows<const T> x, Rows<cons
 // First index of the largest value of each row (ties go to the lower index, as on the CPU).
 template <typename T>
 __global__ void argmax_kernel(Rows<const T> x, int32_t* out, int64_t cols) {
+  wait_for_inputs();
   const T* p = x.row(blockIdx.x);
   float best = -INFINITY;
   int64_t best_i = 0;
@@ -174,12 +223,12 @@ void fill(Tensor& t, float value, cudaStream_t stream) {
   const int64_t n = t.rows() * t.cols();
   if (n == 0) return;
   if (t.dtype() == DType::i32) {
-    fill_i32_kernel<<<grid_for(n), 256, 0, stream>>>(rows_of<int32_t>(t), t.rows(), t.cols(), int32_t(value));
+    launch(fill_i32_kernel, grid_for(n), 256, 0, stream, rows_of<int32_t>(t), t.rows(), t.cols(), int32_t(value));
     return;
   }
   dispatch_float(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    fill_kernel<T><<<grid_for(n), 256, 0, stream>>>(rows_of<T>(t), t.rows(), t.cols(), value);
+    launch(fill_kernel<T>, grid_for(n), 256, 0, stream, rows_of<T>(t), t.rows(), t.cols(), value);
   });
 }
 
@@ -190,8 +239,8 @@ void convert(const Tensor& src, Tensor& dst, cudaStream_t stream) {
     using S = decltype(s_tag);
     dispatch_float(dst.dtype(), [&](auto d_tag) {
       using D = decltype(d_tag);
-      convert_kernel<S, D>
-          <<<grid_for(n), 256, 0, stream>>>(rows_of<const S>(src), rows_of<D>(dst), src.rows(), src.cols());
+      launch(convert_kernel<S, D>, grid_for(n), 256, 0, stream, rows_of<const S>(src), rows_of<D>(dst), src.rows(),
+             src.cols());
     });
   });
 }
@@ -203,8 +252,8 @@ void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cud
     using W = decltype(w_tag);
     dispatch_float(out.dtype(), [&](auto o_tag) {
       using O = decltype(o_tag);
-      embed_kernel<W, O><<<int(n), 256, 0, stream>>>(ids.data_as<int32_t>(), rows_of<const W>(table), table.dim(0),
-                                                     rows_of<O>(out), n, table.cols(), scale);
+      launch(embed_kernel<W, O>, int(n), 256, 0, stream, ids.data_as<int32_t>(), rows_of<const W>(table), table.dim(0),
+             rows_of<O>(out), n, table.cols(), scale);
     });
   });
 }
@@ -217,12 +266,27 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (x.cols() >= kLongRow) {
-      rms_norm_row_kernel<T, false><<<int(rows), 256, 0, stream>>>(rows_of<const T>(x), Rows<const T>{nullptr, 0}, w,
-                                                                  rows_of<T>(out), x.cols(), eps, weight_offset);
+      launch(rms_norm_row_kernel<T, false>, int(rows), 256, 0, stream, rows_of<const T>(x), Rows<const T>{nullptr, 0},
+             w, rows_of<T>(out), x.cols(), eps, weight_offset);
       return;
     }
-    rms_norm_kernel<T, false><<<ceil_div(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-        rows_of<const T>(x), Rows<const T>{nullptr, 0}, w, rows_of<T>(out), rows, x.cols(), eps, weight_offset);
+    launch(rms_norm_kernel<T, false>, ceil_div(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream,
+           rows_of<const T>(x), Rows<const T>{nullptr, 0}, w, rows_of<T>(out), rows, x.cols(), eps, weight_offset);
+  });
+}
+
+void residual_norm(const ResidualNormArgs& args, cudaStream_t stream) {
+  const int64_t rows = args.residual.rows(), cols = args.residual.cols();
+  if (rows == 0) return;
+  // about eight columns a thread: a decode row is one block, and its loads should all be in flight
+  const int threads = int(std::min<int64_t>(1024, std::max<int64_t>(128, (cols / 8 + 31) / 32 * 32)));
+  const float* block_w = args.block_norm.defined() ? args.block_norm.data_as<float>() : nullptr;
+  const float* next_w = args.next_norm.defined() ? args.next_norm.data_as<float>() : nullptr;
+  dispatch_float(args.residual.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const Rows<T> next = args.next.defined() ? rows_of<T>(args.next) : Rows<T>{nullptr, 0};
+    launch(residual_norm_kernel<T>, int(rows), threads, 0, stream, rows_of<T>(args.residual),
+           rows_of<const T>(args.block_out), block_w, next, next_w, cols, args.eps, args.norm_offset, args.scale);
   });
 }
 
@@ -232,8 +296,9 @@ void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, floa
   if (rows == 0) return;
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_kernel<T, true><<<ceil_div(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-        rows_of<const T>(x), rows_of<const T>(z), weight.data_as<float>(), rows_of<T>(out), rows, x.cols(), eps, 0.0f);
+    launch(rms_norm_kernel<T, true>, ceil_div(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream,
+           rows_of<const T>(x), rows_of<const T>(z), weight.data_as<float>(), rows_of<T>(out), rows, x.cols(), eps,
+           0.0f);
   });
 }
 
@@ -244,8 +309,8 @@ void binary(const Tensor& a, const Tensor& b, Tensor& out, float scale, cudaStre
   if (n == 0) return;
   dispatch_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    binary_kernel<T, kOp><<<grid_for(n), 256, 0, stream>>>(rows_of<const T>(a), rows_of<const T>(b), rows_of<T>(out),
-                                                           a.rows(), a.cols(), scale);
+    launch(binary_kernel<T, kOp>, grid_for(n), 256, 0, stream, rows_of<const T>(a), rows_of<const T>(b),
+           rows_of<T>(out), a.rows(), a.cols(), scale);
   });
 }
 }  // namespace
@@ -270,7 +335,7 @@ void scale(const Tensor& x, float s, Tensor& out, cudaStream_t stream) {
   if (n == 0) return;
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    scale_kernel<T><<<grid_for(n), 256, 0, stream>>>(rows_of<const T>(x), rows_of<T>(out), x.rows(), x.cols(), s);
+    launch(scale_kernel<T>, grid_for(n), 256, 0, stream, rows_of<const T>(x), rows_of<T>(out), x.rows(), x.cols(), s);
   });
 }
 
@@ -281,8 +346,8 @@ void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate, cudaStr
     using T = decltype(tag);
     dispatch_float(gate.dtype(), [&](auto g_tag) {
       using G = decltype(g_tag);
-      add_sigmoid_gated_kernel<T, G><<<grid_for(n), 256, 0, stream>>>(rows_of<T>(acc), rows_of<const T>(x),
-                                                                      rows_of<const G>(gate), x.rows(), x.cols());
+      launch(add_sigmoid_gated_kernel<T, G>, grid_for(n), 256, 0, stream, rows_of<T>(acc), rows_of<const T>(x),
+             rows_of<const G>(gate), x.rows(), x.cols());
     });
   });
 }
@@ -292,7 +357,7 @@ void softcap(Tensor& x, float cap, cudaStream_t stream) {
   if (n == 0) return;
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    softcap_kernel<T><<<grid_for(n), 256, 0, stream>>>(rows_of<T>(x), x.rows(), x.cols(), cap);
+    launch(softcap_kernel<T>, grid_for(n), 256, 0, stream, rows_of<T>(x), x.rows(), x.cols(), cap);
   });
 }
 
@@ -300,7 +365,7 @@ void argmax(const Tensor& x, Tensor& out, cudaStream_t stream) {
   if (x.rows() == 0) return;
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    argmax_kernel<T><<<int(x.rows()), 256, 0, stream>>>(rows_of<const T>(x), out.data_as<int32_t>(), x.cols());
+    launch(argmax_kernel<T>, int(x.rows()), 256, 0, stream, rows_of<const T>(x), out.data_as<int32_t>(), x.cols());
   });
 }
 

@@ -1,8 +1,12 @@
 // CUDA backend: matrix products of a few rows (decode) against bf16 weights.
 //
 // At batch sizes of a handful of tokens a product reads every weight once and does little with
-// it, so the kernel is built to stream the weights: a warp per output feature, 16-byte loads,
-// several loads in flight per lane, the few input rows read from cache.
+// it, so the kernels are built to stream the weights: a warp per output feature, 16-byte loads,
+// several loads in flight per lane, the few input rows read from cache. Products that share an
+// input (q/k/v, gate/up) run in one launch: at batch 1 a launch costs about as much as reading a
+// small projection.
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 
@@ -24,18 +28,10 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x)
   }
 }
 
-template <int M, typename O>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const bf16* __restrict__ x, int64_t ldx,
-                                                           const bf16* __restrict__ w, O* __restrict__ out,
-                                                           int64_t ldo, int64_t n, int64_t k) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= n) return;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
-  const int64_t chunks = k / 8;  // 16-byte chunks per weight row
-  float acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+// acc[m] += x[m] · w_row for one weight row, the calling warp's lanes splitting the row.
+template <int M>
+__device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* __restrict__ wr,
+                                         int64_t chunks, int lane, float (&acc)[M]) {
   int64_t c = lane;
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
     uint4 wv[kUnroll];
@@ -53,44 +49,169 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const bf16* __restric
 #pragma unroll
     for (int m = 0; m < M; ++m) fma8(acc[m], wv, __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + c));
   }
+}
+
+// Up to four products of one input in one launch: blocks [block_end[s-1], block_end[s]) compute
+// product s.
+constexpr int kMaxProducts = 4;
+struct Products {
+  const bf16* w[kMaxProducts];
+  void* out[kMaxProducts];
+  int64_t ldo[kMaxProducts];
+  int64_t n[kMaxProducts];
+  int block_end[kMaxProducts];
+  int count;
+};
+
+template <int M, typename O>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const bf16* __restrict__ x, int64_t ldx, Products p, int64_t k) {
+  wait_for_inputs();
+  int s = 0;
+  while (s + 1 < p.count && int(blockIdx.x) >= p.block_end[s]) ++s;
+  const int first_block = s ? p.block_end[s - 1] : 0;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(int(blockIdx.x) - first_block) * kWarps + threadIdx.x / 32;
+  if (row >= p.n[s]) return;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(p.w[s] + row * k), k / 8, lane, acc);
+  O* out = static_cast<O*>(p.out[s]);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const float v = warp_sum(acc[m]);
-    if (lane == 0) out[m * ldo + row] = from_float<O>(v);
+    if (lane == 0) out[m * p.ldo[s] + row] = from_float<O>(v);
   }
 }
 
-template <int M>
-void launch(const Tensor& x, const Tensor& w, Tensor& out, int64_t n, int64_t k, int64_t ldo, cudaStream_t stream) {
-  const int blocks = ceil_div(n, kWarps);
-  if (out.dtype() == DType::f32)
-    gemv_kernel<M, float><<<blocks, kWarps * 32, 0, stream>>>(x.data_as<bf16>(), x.row_stride(), w.data_as<bf16>(),
-                                                              out.data_as<float>(), ldo, n, k);
-  else
-    gemv_kernel<M, bf16><<<blocks, kWarps * 32, 0, stream>>>(x.data_as<bf16>(), x.row_stride(), w.data_as<bf16>(),
-                                                             out.data_as<bf16>(), ldo, n, k);
+// out = act(x · gateᵀ) ⊙ (x · upᵀ), a warp per output feature reading its gate and up rows.
+template <int M, typename O>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_glu_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ gate, const bf16* __restrict__ up,
+                    O* __restrict__ out, int64_t ldo, int64_t n, int64_t k, bool gelu) {
+  wait_for_inputs();
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= n) return;
+  float g[M], u[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) g[m] = u[m] = 0.0f;
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(gate + row * k), k / 8, lane, g);
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(up + row * k), k / 8, lane, u);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float gv = warp_sum(g[m]), uv = warp_sum(u[m]);
+    if (lane == 0) out[m * ldo + row] = from_float<O>((gelu ? gelu_tanh(gv) : silu(gv)) * uv);
+  }
+}
+
+// Calls f(std::integral_constant<int, M>{}) for the row count m (1..8).
+template <typename F>
+void dispatch_rows(int64_t m, F&& f) {
+  switch (m) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 5:
+      f(std::integral_constant<int, 5>{});
+      break;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      break;
+    case 7:
+      f(std::integral_constant<int, 7>{});
+      break;
+    default:
+      f(std::integral_constant<int, 8>{});
+      break;
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// The inputs the streaming kernels take: a few bf16 rows, 16-byte aligned, k a multiple of 8.
+bool streamable(const Tensor& x) {
+  return x.rows() >= 1 && x.rows() <= 8 && x.cols() % 8 == 0 && x.dtype() == DType::bf16 && aligned16(x.data()) &&
+         (x.row_stride() * 2) % 16 == 0;
+}
+
+bool streamable_weight(const Tensor& w, int64_t k) {
+  return w.dtype() == DType::bf16 && w.contiguous() && w.cols() == k && aligned16(w.data());
+}
+
+bool streamable_output(const Tensor& out) {
+  return out.dtype() == DType::bf16 || out.dtype() == DType::f32;
+}
+
+// Where row m of a product's [m, n] output starts: its own row stride when its last dim is n.
+int64_t output_stride(const Tensor& out, int64_t n) {
+  return out.cols() == n ? out.row_stride() : n;
 }
 
 }  // namespace
 
 bool small_matmul(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream) {
-  const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
-  const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && (x.row_stride() * 2) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(w.data()) % 16 == 0;
-  if (m < 1 || m > 8 || k % 8 != 0 || x.dtype() != DType::bf16 || w.dtype() != DType::bf16 || !w.contiguous() ||
-      !aligned || (out.dtype() != DType::bf16 && out.dtype() != DType::f32))
-    return false;
-  const int64_t ldo = out.cols() == n ? out.row_stride() : n;
-  switch (m) {
-    case 1: launch<1>(x, w, out, n, k, ldo, stream); break;
-    case 2: launch<2>(x, w, out, n, k, ldo, stream); break;
-    case 3: launch<3>(x, w, out, n, k, ldo, stream); break;
-    case 4: launch<4>(x, w, out, n, k, ldo, stream); break;
-    case 5: launch<5>(x, w, out, n, k, ldo, stream); break;
-    case 6: launch<6>(x, w, out, n, k, ldo, stream); break;
-    case 7: launch<7>(x, w, out, n, k, ldo, stream); break;
-    default: launch<8>(x, w, out, n, k, ldo, stream); break;
+  return small_matmul_many(x, &w, &out, 1, stream);
+}
+
+bool small_matmul_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, cudaStream_t stream) {
+  const int64_t m = x.rows(), k = x.cols();
+  if (!streamable(x) || count < 1 || count > kMaxProducts || !streamable_output(outs[0])) return false;
+  Products p{};
+  p.count = count;
+  int blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = weights[i].numel() / k;
+    if (!streamable_weight(weights[i], k) || outs[i].dtype() != outs[0].dtype()) return false;
+    blocks += ceil_div(n, kWarps);
+    p.w[i] = weights[i].data_as<bf16>();
+    p.out[i] = outs[i].data();
+    p.ldo[i] = output_stride(outs[i], n);
+    p.n[i] = n;
+    p.block_end[i] = blocks;
   }
+  const bool f32_out = outs[0].dtype() == DType::f32;
+  dispatch_rows(m, [&](auto rows) {
+    constexpr int M = decltype(rows)::value;
+    if (f32_out)
+      launch(gemv_kernel<M, float>, blocks, kWarps * 32, 0, stream, x.data_as<bf16>(), x.row_stride(), p, k);
+    else
+      launch(gemv_kernel<M, bf16>, blocks, kWarps * 32, 0, stream, x.data_as<bf16>(), x.row_stride(), p, k);
+  });
+  return true;
+}
+
+bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
+                      cudaStream_t stream) {
+  const int64_t m = x.rows(), k = x.cols(), n = gate.numel() / k;
+  if (!streamable(x) || !streamable_weight(gate, k) || !streamable_weight(up, k) || up.numel() != gate.numel() ||
+      !streamable_output(out))
+    return false;
+  const int blocks = ceil_div(n, kWarps);
+  const int64_t ldo = output_stride(out, n);
+  const bool gelu = act == Activation::gelu_tanh;
+  const bf16* xs = x.data_as<bf16>();
+  dispatch_rows(m, [&](auto rows) {
+    constexpr int M = decltype(rows)::value;
+    if (out.dtype() == DType::f32)
+      launch(gemv_glu_kernel<M, float>, blocks, kWarps * 32, 0, stream, xs, x.row_stride(), gate.data_as<bf16>(),
+             up.data_as<bf16>(), out.data_as<float>(), ldo, n, k, gelu);
+    else
+      launch(gemv_glu_kernel<M, bf16>, blocks, kWarps * 32, 0, stream, xs, x.row_stride(), gate.data_as<bf16>(),
+             up.data_as<bf16>(), out.data_as<bf16>(), ldo, n, k, gelu);
+  });
   return true;
 }
 

@@ -18,6 +18,7 @@ constexpr int kMaxTopK = 32;
 template <typename T>
 __global__ void route_kernel(Rows<const T> logits, int n_experts, int top_k, bool renormalize, const float* scale,
                              int32_t* ids, float* weights) {
+  wait_for_inputs();
   const int t = blockIdx.x, lane = threadIdx.x;
   const T* row = logits.row(t);
   float p[kMaxExpertsPerLane];
@@ -84,6 +85,7 @@ __device__ __forceinline__ float dot_bf16(const bf16* w, const float* x, int64_t
 template <typename T>
 __global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, const bf16* gate, const bf16* up, float* act,
                                  int64_t hidden, int64_t inter, int top_k, bool gelu) {
+  wait_for_inputs();
   extern __shared__ float xs[];
   const int64_t pair = blockIdx.x;
   const int64_t t = pair / top_k;
@@ -102,6 +104,7 @@ __global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, const bf16
 // y[pair, c] = down_e[c] · act[pair]
 __global__ void expert_down_kernel(const float* act, const int32_t* ids, const bf16* down, float* y, int64_t hidden,
                                    int64_t inter) {
+  wait_for_inputs();
   extern __shared__ float as[];
   const int64_t pair = blockIdx.x;
   const int64_t e = ids[pair];
@@ -117,6 +120,7 @@ __global__ void expert_down_kernel(const float* act, const int32_t* ids, const b
 template <typename T>
 __global__ void expert_combine_kernel(const float* y, const float* weights, Rows<T> out, int64_t tokens, int64_t hidden,
                                       int top_k) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * hidden) return;
   const int64_t t = i / hidden, c = i % hidden;
@@ -135,9 +139,8 @@ void moe_route(const MoeRouteArgs& args, cudaStream_t stream) {
   const float* scale = args.expert_scale.defined() ? args.expert_scale.data_as<float>() : nullptr;
   dispatch_float(args.logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    route_kernel<T><<<int(tokens), 32, 0, stream>>>(rows_of<const T>(args.logits), n_experts, args.top_k,
-                                                    args.renormalize, scale, args.ids.data_as<int32_t>(),
-                                                    args.weights.data_as<float>());
+    launch(route_kernel<T>, int(tokens), 32, 0, stream, rows_of<const T>(args.logits), n_experts, args.top_k,
+           args.renormalize, scale, args.ids.data_as<int32_t>(), args.weights.data_as<float>());
   });
 }
 
@@ -154,18 +157,17 @@ void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStrea
   const bool gelu = args.act == Activation::gelu_tanh;
   dispatch_float(args.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    expert_up_kernel<T>
-        <<<dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32, size_t(hidden) * sizeof(float),
-           stream>>>(rows_of<const T>(args.x), args.ids.data_as<int32_t>(), args.gate.data_as<bf16>(),
-                     args.up.data_as<bf16>(), act.data_as<float>(), hidden, inter, top_k, gelu);
+    launch(expert_up_kernel<T>, dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32,
+           size_t(hidden) * sizeof(float), stream, rows_of<const T>(args.x), args.ids.data_as<int32_t>(),
+           args.gate.data_as<bf16>(), args.up.data_as<bf16>(), act.data_as<float>(), hidden, inter, top_k, gelu);
   });
-  expert_down_kernel<<<dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
-                       size_t(inter) * sizeof(float), stream>>>(
-      act.data_as<float>(), args.ids.data_as<int32_t>(), args.down.data_as<bf16>(), y.data_as<float>(), hidden, inter);
+  launch(expert_down_kernel, dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
+         size_t(inter) * sizeof(float), stream, act.data_as<float>(), args.ids.data_as<int32_t>(),
+         args.down.data_as<bf16>(), y.data_as<float>(), hidden, inter);
   dispatch_float(args.out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    expert_combine_kernel<T><<<ceil_div(tokens * hidden, 256), 256, 0, stream>>>(
-        y.data_as<float>(), args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
+    launch(expert_combine_kernel<T>, ceil_div(tokens * hidden, 256), 256, 0, stream, y.data_as<float>(),
+           args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
   });
 }
 

@@ -14,6 +14,11 @@ using Allocate = std::function<Tensor(DType, Shape)>;
 // cuda_gemv.cu: out[m, n] = x[m, k] · w[n, k]ᵀ for a few rows (decode), bf16 weights; false when
 // the shapes are not ones it handles (the caller then uses cuBLAS)
 bool small_matmul(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream);
+// Up to four products of the same input in one launch; false when not all of them fit the kernel.
+bool small_matmul_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, cudaStream_t stream);
+// out = act(x · gateᵀ) ⊙ (x · upᵀ) in one pass over both matrices; false when the shapes do not fit.
+bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
+                      cudaStream_t stream);
 
 // cuda_elementwise.cu
 void fill(Tensor& t, float value, cudaStream_t stream);
@@ -23,6 +28,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
 void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out,
                     cudaStream_t stream);
 void add(const Tensor& a, const Tensor& b, float scale, Tensor& out, cudaStream_t stream);
+void residual_norm(const ResidualNormArgs& args, cudaStream_t stream);
 void scale(const Tensor& x, float s, Tensor& out, cudaStream_t stream);
 void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out, cudaStream_t stream);
 void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out, cudaStream_t stream);

@@ -30,6 +30,7 @@ struct StateTable {
 template <typename T>
 __global__ void causal_conv_kernel(StateTable table, Rows<const T> x, const float* weight, Rows<T> out,
                                    int64_t channels, int kernel, bool apply_silu) {
+  wait_for_inputs();
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   const StateSeq& s = table.seq[blockIdx.y];
@@ -99,6 +100,7 @@ constexpr int kMaxRowsPerThread = 32;
 
 // blockDim = dv · splits; thread (j, part) keeps rows [part·rows, (part+1)·rows) of column j.
 __global__ void delta_recurrent_kernel(DeltaParams p, int splits) {
+  wait_for_inputs();
   extern __shared__ float shared[];
   float* q = shared;            // [dk]
   float* k = q + p.dk;          // [dk]
@@ -163,6 +165,7 @@ struct ChunkSmem {
 
 // The chunked form; one block per (sequence, value head), chunks in order.
 __global__ void delta_chunked_kernel(DeltaParams p) {
+  wait_for_inputs();
   extern __shared__ float shared[];
   const ChunkSmem L{p.dk, p.dv};
   float* q = shared + L.q();
@@ -290,8 +293,8 @@ void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream) {
     dim3 grid(unsigned(ceil_div(channels, 128)), unsigned(table.n));
     dispatch_float(args.x.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      causal_conv_kernel<T><<<grid, 128, 0, stream>>>(table, rows_of<const T>(args.x), args.weight.data_as<float>(),
-                                                      rows_of<T>(args.out), channels, kernel, args.silu);
+      launch(causal_conv_kernel<T>, grid, 128, 0, stream, table, rows_of<const T>(args.x), args.weight.data_as<float>(),
+             rows_of<T>(args.out), channels, kernel, args.silu);
     });
   }
 }
@@ -335,10 +338,10 @@ void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream) {
     }
     const dim3 grid(unsigned(p.seqs.n), unsigned(p.hv));
     if (chunked) {
-      delta_chunked_kernel<<<grid, 512, chunk_bytes, stream>>>(p);
+      launch(delta_chunked_kernel, grid, 512, chunk_bytes, stream, p);
     } else {
       const size_t bytes = (2 * size_t(p.dk) + 2 + size_t(splits) * p.dv) * sizeof(float);
-      delta_recurrent_kernel<<<grid, p.dv * splits, bytes, stream>>>(p, splits);
+      launch(delta_recurrent_kernel, grid, p.dv * splits, bytes, stream, p, splits);
     }
   }
 }

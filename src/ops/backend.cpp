@@ -1,0 +1,21 @@
+// Default implementations of the fused ops, composed from the basic ones: what a backend without
+// a fused kernel runs.
+#include "ops/backend.h"
+
+namespace kiln {
+
+void Backend::matmul_many(const Tensor& x, std::span<const MatmulProduct> products) {
+  for (const MatmulProduct& p : products) {
+    Tensor out = p.out;
+    matmul(x, p.weight, out);
+  }
+}
+
+void Backend::glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  Tensor up_out = alloc(out.dtype(), Shape{out.rows(), out.cols()});
+  matmul(x, gate, out);
+  matmul(x, up, up_out);
+  glu(out, up_out, act, out);
+}
+
+}  // namespace kiln

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cli/default_model.h"
 #include "cli/generation.h"
 
 namespace kiln::cli {
@@ -134,12 +135,17 @@ Status run_chat(const ChatOptions& o) {
 void add_chat_command(CLI::App& app, Action& action) {
   auto options = std::make_shared<ChatOptions>();
   auto* cmd = app.add_subcommand("chat", "Chat with a model in the terminal");
-  cmd->add_option("model_dir", options->model_dir, "Model directory")->required();
+  cmd->add_option("model_dir", options->model_dir, "Model directory (default: the bundled demo model)");
   cmd->add_option("--system", options->system, "A system message");
   cmd->add_flag("--enable-thinking", options->enable_thinking, "Let the model think before answering");
   add_sampling_options(*cmd, options->generation);
   add_run_options(*cmd, options->run);
-  cmd->callback([options, &action] { action = [options] { return run_chat(*options); }; });
+  cmd->callback([options, &action] {
+    action = [options]() -> Status {
+      KILN_ASSIGN(options->model_dir, resolve_model_dir(options->model_dir));
+      return run_chat(*options);
+    };
+  });
 }
 
 }  // namespace kiln::cli

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdio>
 
+#include "cli/default_model.h"
 #include "cli/generation.h"
 #include "runtime/prefill.h"
 
@@ -99,13 +100,18 @@ Status run_generate(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app, Action& action) {
   auto options = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
-  cmd->add_option("model_dir", options->model_dir, "Model directory")->required();
+  cmd->add_option("model_dir", options->model_dir, "Model directory (default: the bundled demo model)");
   cmd->add_option("--prompt", options->prompt, "The prompt (a user message unless --raw)");
   cmd->add_flag("--raw", options->raw, "Feed the prompt as it is, without the chat template");
   cmd->add_option("--ids", options->ids, "Comma-separated prompt token ids; prints generated ids");
   add_sampling_options(*cmd, options->generation);
   add_run_options(*cmd, options->run);
-  cmd->callback([options, &action] { action = [options] { return run_generate(*options); }; });
+  cmd->callback([options, &action] {
+    action = [options]() -> Status {
+      KILN_ASSIGN(options->model_dir, resolve_model_dir(options->model_dir));
+      return run_generate(*options);
+    };
+  });
 }
 
 }  // namespace kiln::cli

@@ -255,7 +255,10 @@ class Gemma4Model final : public Model {
 
  private:
   Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
-  Tensor feed_forward_block(int64_t l, const Tensor& h, const Tensor& x);
+  struct FeedForwardInputs {
+    Tensor mlp, router, experts;  // [T, hidden] each; router and experts in MoE layers only
+  };
+  Tensor feed_forward_block(int64_t l, const FeedForwardInputs& in);
   Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded);
   Tensor norm(const Tensor& x, const Tensor& weight);
 
@@ -500,24 +503,26 @@ Tensor Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const T
   return out;
 }
 
-// x is pre_feedforward_layernorm(h); returns the block's output before post_feedforward_layernorm.
-Tensor Gemma4Model::feed_forward_block(int64_t l, const Tensor& h, const Tensor& x) {
+// The feed-forward block reads the post-attention residual h through up to three norms: the dense
+// MLP's (pre_feedforward_layernorm), and in MoE layers the router's and the experts'. Returns the
+// block's output before post_feedforward_layernorm.
+Tensor Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in) {
   const Gemma4Layer& w = layers_[size_t(l)];
-  Tensor mlp = glu_mlp(backend_, x, w.mlp, Activation::gelu_tanh);
+  Tensor mlp = glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh);
   if (!config_.enable_moe_block) return mlp;
 
-  // MoE layer: the dense MLP and the experts both read the post-attention residual h
-  Tensor dense = norm(mlp, w.post_feedforward_layernorm_1);
-  Tensor router_in = norm(h, w.router_norm_weight);
-  Tensor logits = backend_.alloc(DType::f32, Shape{h.rows(), config_.num_experts});
-  backend_.matmul(router_in, w.router_proj, logits);
+  Tensor logits = backend_.alloc(DType::f32, Shape{in.router.rows(), config_.num_experts});
+  backend_.matmul(in.router, w.router_proj, logits);
   Tensor experts = routed_experts(
-      backend_, logits, norm(h, w.pre_feedforward_layernorm_2), w.experts,
+      backend_, logits, in.experts, w.experts,
       MoeRouting{.top_k = int(config_.top_k_experts), .renormalize = true, .expert_scale = w.per_expert_scale},
       Activation::gelu_tanh);
-  Tensor sparse = norm(experts, w.post_feedforward_layernorm_2);
-  backend_.add(dense, sparse, 1.0f, dense);
-  return dense;
+  Tensor out = norm(mlp, w.post_feedforward_layernorm_1);  // the dense part plus the experts' part
+  backend_.residual_norm(ResidualNormArgs{.residual = out,
+                                          .block_out = experts,
+                                          .block_norm = w.post_feedforward_layernorm_2,
+                                          .eps = float(config_.rms_norm_eps)});
+  return out;
 }
 
 // Per-layer inputs: (per_layer_model_projection(e) · hidden^-1/2, normed per layer, plus the
@@ -553,14 +558,22 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
     const Gemma4Layer& w = layers_[size_t(l)];
     const bool last = l + 1 == L;
     Tensor attn = attention_block(batch, l, x);
-    Tensor ff_in = backend_.alloc(dt, Shape{T, H});
-    backend_.residual_norm(ResidualNormArgs{.residual = h,  // h += post_attention_layernorm(attn)
-                                            .block_out = attn,
-                                            .block_norm = w.post_attention_layernorm,
-                                            .next = ff_in,
-                                            .next_norm = w.pre_feedforward_layernorm,
-                                            .eps = eps});
-    Tensor ff = feed_forward_block(l, h, ff_in);
+    // h += post_attention_layernorm(attn), and the feed-forward block's input norms of h
+    FeedForwardInputs ff_in{.mlp = backend_.alloc(dt, Shape{T, H})};
+    ResidualNormArgs attn_residual{.residual = h,
+                                   .block_out = attn,
+                                   .block_norm = w.post_attention_layernorm,
+                                   .next = ff_in.mlp,
+                                   .next_norm = w.pre_feedforward_layernorm,
+                                   .eps = eps};
+    if (config_.enable_moe_block) {
+      ff_in.router = backend_.alloc(dt, Shape{T, H});
+      ff_in.experts = backend_.alloc(dt, Shape{T, H});
+      attn_residual.more_next = {ff_in.router, ff_in.experts};
+      attn_residual.more_next_norm = {w.router_norm_weight, w.pre_feedforward_layernorm_2};
+    }
+    backend_.residual_norm(attn_residual);
+    Tensor ff = feed_forward_block(l, ff_in);
     // h += post_feedforward_layernorm(ff); then the per-layer input; h ·= layer_scalar
     ResidualNormArgs ff_residual{
         .residual = h, .block_out = ff, .block_norm = w.post_feedforward_layernorm, .eps = eps};

@@ -2,6 +2,7 @@
 // Kept free of heavy includes so that device-compiler sources can use them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -82,6 +83,10 @@ struct ResidualNormArgs {
   Tensor block_norm;  // [hidden] f32 or undefined
   Tensor next;        // [T, hidden] or undefined
   Tensor next_norm;   // [hidden] f32 or undefined
+  // Further norms of the same updated residual under other weights (a MoE layer's router and
+  // expert inputs), each computed when its output is defined.
+  std::array<Tensor, 2> more_next;
+  std::array<Tensor, 2> more_next_norm;
   float eps = 1e-6f;
   float norm_offset = 0.0f;
   float scale = 1.0f;

@@ -288,6 +288,11 @@ void CpuBackend::residual_norm(const ResidualNormArgs& args) {
     Tensor next = args.next;
     rms_norm(args.residual, args.next_norm, args.eps, offset, next);
   }
+  for (size_t i = 0; i < args.more_next.size(); ++i) {
+    if (!args.more_next[i].defined()) continue;
+    Tensor next = args.more_next[i];
+    rms_norm(args.residual, args.more_next_norm[i], args.eps, offset, next);
+  }
 }
 
 void CpuBackend::scale(const Tensor& x, float s, Tensor& out) {

@@ -372,6 +372,24 @@ class CudaBackend final : public Backend {
     after_launch("add");
   }
   void residual_norm(const ResidualNormArgs& args) override {
+    if (args.residual.cols() > cuda::kMaxResidualNormCols) {  // wider than any released model: the plain ops
+      Tensor residual = args.residual, block = args.block_out;
+      if (args.block_norm.defined()) {
+        block = alloc(activation_dtype(), Shape{block.rows(), block.cols()});
+        rms_norm(args.block_out, args.block_norm, args.eps, args.norm_offset, block);
+      }
+      add(residual, block, args.scale, residual);
+      if (args.next.defined()) {
+        Tensor next = args.next;
+        rms_norm(residual, args.next_norm, args.eps, args.norm_offset, next);
+      }
+      for (size_t i = 0; i < args.more_next.size(); ++i) {
+        if (!args.more_next[i].defined()) continue;
+        Tensor next = args.more_next[i];
+        rms_norm(residual, args.more_next_norm[i], args.eps, args.norm_offset, next);
+      }
+      return;
+    }
     OpTimer timed(this, "residual_norm");
     cuda::residual_norm(args, stream_);
     after_launch("residual_norm");

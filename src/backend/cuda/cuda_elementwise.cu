@@ -3,6 +3,7 @@
 // memory-bound either way.
 #include <algorithm>
 #include <cassert>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.cuh"
@@ -104,40 +105,62 @@ __global__ void rms_norm_row_kernel(Rows<const T> x, Rows<const T> z, const floa
 
 constexpr int64_t kLongRow = 1024;
 
-// A block per row: the block output's norm, the residual update (rounded to T once, as stored),
-// then the norm of the stored residual for the next block.
+// A block per row, each thread holding kPerThread columns in registers so that all of a row's
+// loads are in flight at once: the block output's norm, the residual update (rounded to T once, as
+// stored), then the norm of the stored residual for the next block.
+constexpr int kNormOutputs = 3;
 template <typename T>
-__global__ void residual_norm_kernel(Rows<T> residual, Rows<const T> block_out, const float* block_w, Rows<T> next,
-                                     const float* next_w, int64_t cols, float eps, float offset, float scale) {
+struct NormOutputs {
+  Rows<T> out[kNormOutputs];  // data null: not wanted
+  const float* weight[kNormOutputs];
+};
+
+template <typename T, int kPerThread>
+__global__ void residual_norm_kernel(Rows<T> residual, Rows<const T> block_out, const float* block_w,
+                                     NormOutputs<T> next, int64_t cols, float eps, float offset, float scale) {
   wait_for_inputs();
   const int64_t r = blockIdx.x;
   const T* b = block_out.row(r);
   T* res = residual.row(r);
-  float inv_b = 1.0f;
+  float bv[kPerThread], rv[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+    bv[i] = c < cols ? to_float(b[c]) : 0.0f;
+    rv[i] = c < cols ? to_float(res[c]) : 0.0f;
+  }
   if (block_w) {
     float sum = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float v = to_float(b[c]);
-      sum += v * v;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) sum += bv[i] * bv[i];
+    const float inv = rsqrtf(block_sum(sum) / float(cols) + eps);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) bv[i] *= inv * (block_w[c] + offset);
     }
-    inv_b = rsqrtf(block_sum(sum) / float(cols) + eps);
   }
   float sum = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = to_float(b[c]);
-    if (block_w) v *= inv_b * (block_w[c] + offset);
-    const T stored = from_float<T>((to_float(res[c]) + v) * scale);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+    if (c >= cols) continue;
+    const T stored = from_float<T>((rv[i] + bv[i]) * scale);
     res[c] = stored;
-    const float s = to_float(stored);
-    sum += s * s;
+    rv[i] = to_float(stored);
+    sum += rv[i] * rv[i];
   }
-  if (!next.data) return;
+  if (!next.out[0].data) return;
   const float inv = rsqrtf(block_sum(sum) / float(cols) + eps);
-  T* o = next.row(r);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {  // this thread's own writes above
-    float v = to_float(res[c]) * inv;
-    if (next_w) v *= next_w[c] + offset;
-    o[c] = from_float<T>(v);
+  for (int n = 0; n < kNormOutputs; ++n) {
+    if (!next.out[n].data) continue;
+    T* o = next.out[n].row(r);
+    const float* w = next.weight[n];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < cols) o[c] = from_float<T>(rv[i] * inv * (w ? w[c] + offset : 1.0f));
+    }
   }
 }
 
@@ -278,15 +301,34 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
 void residual_norm(const ResidualNormArgs& args, cudaStream_t stream) {
   const int64_t rows = args.residual.rows(), cols = args.residual.cols();
   if (rows == 0) return;
-  // about eight columns a thread: a decode row is one block, and its loads should all be in flight
-  const int threads = int(std::min<int64_t>(1024, std::max<int64_t>(128, (cols / 8 + 31) / 32 * 32)));
   const float* block_w = args.block_norm.defined() ? args.block_norm.data_as<float>() : nullptr;
-  const float* next_w = args.next_norm.defined() ? args.next_norm.data_as<float>() : nullptr;
   dispatch_float(args.residual.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const Rows<T> next = args.next.defined() ? rows_of<T>(args.next) : Rows<T>{nullptr, 0};
-    launch(residual_norm_kernel<T>, int(rows), threads, 0, stream, rows_of<T>(args.residual),
-           rows_of<const T>(args.block_out), block_w, next, next_w, cols, args.eps, args.norm_offset, args.scale);
+    NormOutputs<T> next{};
+    const Tensor* outs[kNormOutputs] = {&args.next, &args.more_next[0], &args.more_next[1]};
+    const Tensor* weights[kNormOutputs] = {&args.next_norm, &args.more_next_norm[0], &args.more_next_norm[1]};
+    for (int n = 0, k = 0; n < kNormOutputs; ++n) {  // the wanted outputs first
+      if (!outs[n]->defined()) continue;
+      next.out[k] = rows_of<T>(*outs[n]);
+      next.weight[k++] = weights[n]->defined() ? weights[n]->data_as<float>() : nullptr;
+    }
+    auto run = [&](auto per_thread) {
+      constexpr int kPer = decltype(per_thread)::value;
+      const int threads = int(std::max<int64_t>(32, (ceil_div(cols, kPer) + 31) / 32 * 32));
+      launch(residual_norm_kernel<T, kPer>, int(rows), threads, 0, stream, rows_of<T>(args.residual),
+             rows_of<const T>(args.block_out), block_w, next, cols, args.eps, args.norm_offset, args.scale);
+    };
+    // the fewest columns a thread that fit the row in 1024 threads (hidden sizes reach 8192)
+    if (cols <= 1024)
+      run(std::integral_constant<int, 1>{});
+    else if (cols <= 2048)
+      run(std::integral_constant<int, 2>{});
+    else if (cols <= 4096)
+      run(std::integral_constant<int, 4>{});
+    else if (cols <= 8192)
+      run(std::integral_constant<int, 8>{});
+    else
+      run(std::integral_constant<int, 16>{});
   });
 }
 

@@ -51,6 +51,49 @@ __device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx
   }
 }
 
+// The same for rows of at most 256 · kPerLane elements, kRows rows at once: every weight load of
+// the rows is issued before the first multiply, so a row costs one trip to memory, and the last
+// rows of a product (when most of the GPU already idles) finish as fast as the first.
+template <int M, int kPerLane, int kRows>
+__device__ __forceinline__ void short_row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* const (&wr)[kRows],
+                                               int64_t chunks, int lane, float (&acc)[kRows][M]) {
+  uint4 wv[kRows][kPerLane];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      const int64_t c = lane + 32 * u;
+      wv[r][u] = c < chunks ? __ldg(wr[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx);
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      const int64_t c = lane + 32 * u;
+      if (c >= chunks) break;
+      const uint4 xv = __ldg(xr + c);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) fma8(acc[r][m], wv[r][u], xv);
+    }
+  }
+}
+
+// Row dots for any k: the one-trip form for k up to 2048 (4096 for one or two input rows), the
+// streaming loop beyond.
+template <int M, int kRows>
+__device__ __forceinline__ void dots(const bf16* __restrict__ x, int64_t ldx, const uint4* const (&wr)[kRows],
+                                     int64_t chunks, int lane, float (&acc)[kRows][M]) {
+  if (chunks <= 32 * 8) {
+    short_row_dots<M, 8, kRows>(x, ldx, wr, chunks, lane, acc);
+  } else if (M <= 2 && chunks <= 32 * 16) {  // more input rows would spill the registers
+    short_row_dots<M, 16, kRows>(x, ldx, wr, chunks, lane, acc);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row_dots<M>(x, ldx, wr[r], chunks, lane, acc[r]);
+  }
+}
+
 // Up to four products of one input in one launch: blocks [block_end[s-1], block_end[s]) compute
 // product s.
 constexpr int kMaxProducts = 4;
@@ -73,14 +116,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(int(blockIdx.x) - first_block) * kWarps + threadIdx.x / 32;
   if (row >= p.n[s]) return;
-  float acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(p.w[s] + row * k), k / 8, lane, acc);
+  float acc[1][M] = {};
+  const uint4* const wr[1] = {reinterpret_cast<const uint4*>(p.w[s] + row * k)};
+  dots<M, 1>(x, ldx, wr, k / 8, lane, acc);
   O* out = static_cast<O*>(p.out[s]);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const float v = warp_sum(acc[m]);
+    const float v = warp_sum(acc[0][m]);
     if (lane == 0) out[m * p.ldo[s] + row] = from_float<O>(v);
   }
 }
@@ -94,14 +136,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= n) return;
-  float g[M], u[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) g[m] = u[m] = 0.0f;
-  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(gate + row * k), k / 8, lane, g);
-  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(up + row * k), k / 8, lane, u);
+  float acc[2][M] = {};
+  const uint4* const wr[2] = {reinterpret_cast<const uint4*>(gate + row * k),
+                              reinterpret_cast<const uint4*>(up + row * k)};
+  dots<M, 2>(x, ldx, wr, k / 8, lane, acc);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const float gv = warp_sum(g[m]), uv = warp_sum(u[m]);
+    const float gv = warp_sum(acc[0][m]), uv = warp_sum(acc[1][m]);
     if (lane == 0) out[m * ldo + row] = from_float<O>((gelu ? gelu_tanh(gv) : silu(gv)) * uv);
   }
 }

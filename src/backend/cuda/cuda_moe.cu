@@ -69,11 +69,13 @@ __global__ void route_kernel(Rows<const T> logits, int n_experts, int top_k, boo
 __device__ __forceinline__ float dot_bf16(const bf16* w, const float* x, int64_t n, int lane) {
   float acc = 0;
   if (n % 8 == 0) {
-    for (int64_t i = lane * 8; i < n; i += 32 * 8) {
-      const uint4 packed = *reinterpret_cast<const uint4*>(w + i);
+    const uint4* w8 = reinterpret_cast<const uint4*>(w);
+#pragma unroll 4  // independent 16-byte loads: keep several in flight
+    for (int64_t c = lane; c < n / 8; c += 32) {
+      const uint4 packed = __ldg(w8 + c);
       const bf16* v = reinterpret_cast<const bf16*>(&packed);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc += __bfloat162float(v[j]) * x[i + j];
+      for (int j = 0; j < 8; ++j) acc = fmaf(__bfloat162float(v[j]), x[c * 8 + j], acc);
     }
   } else {
     for (int64_t i = lane; i < n; i += 32) acc += __bfloat162float(w[i]) * x[i];
@@ -117,6 +119,28 @@ __global__ void expert_down_kernel(const float* act, const int32_t* ids, const b
   if (lane == 0) y[pair * hidden + c] = d;
 }
 
+// out[t, c] = Σ_k weight[t, k] · down_{e_k}[c] · act[t, k]: the down products and the weighted sum
+// in one pass, a warp per output feature, the token's activations for all its experts in shared
+// memory.
+template <typename T>
+__global__ void expert_down_combine_kernel(const float* act, const int32_t* ids, const float* weights, const bf16* down,
+                                           Rows<T> out, int64_t hidden, int64_t inter, int top_k) {
+  wait_for_inputs();
+  extern __shared__ float token_act[];  // [top_k, inter]
+  const int64_t t = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < top_k * inter; i += blockDim.x) token_act[i] = act[t * top_k * inter + i];
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t c = int64_t(blockIdx.y) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (c >= hidden) return;
+  float acc = 0;
+  for (int k = 0; k < top_k; ++k) {
+    const int64_t e = ids[t * top_k + k];
+    acc += weights[t * top_k + k] * dot_bf16(down + (e * hidden + c) * inter, token_act + k * inter, inter, lane);
+  }
+  if (lane == 0) out.row(t)[c] = from_float<T>(acc);
+}
+
 template <typename T>
 __global__ void expert_combine_kernel(const float* y, const float* weights, Rows<T> out, int64_t tokens, int64_t hidden,
                                       int top_k) {
@@ -152,8 +176,8 @@ void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStrea
   if (pairs == 0) return;
   assert(args.gate.dtype() == DType::bf16);
   Tensor act = allocate(DType::f32, Shape{pairs, inter});
-  Tensor y = allocate(DType::f32, Shape{pairs, hidden});
   constexpr int kWarps = 8;
+  constexpr size_t kDefaultSharedBytes = 48 * 1024;  // more needs a per-kernel opt-in
   const bool gelu = args.act == Activation::gelu_tanh;
   dispatch_float(args.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -161,6 +185,17 @@ void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStrea
            size_t(hidden) * sizeof(float), stream, rows_of<const T>(args.x), args.ids.data_as<int32_t>(),
            args.gate.data_as<bf16>(), args.up.data_as<bf16>(), act.data_as<float>(), hidden, inter, top_k, gelu);
   });
+  const size_t token_act_bytes = size_t(top_k) * size_t(inter) * sizeof(float);
+  if (token_act_bytes <= kDefaultSharedBytes) {  // decode and small batches: one pass
+    dispatch_float(args.out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      launch(expert_down_combine_kernel<T>, dim3(unsigned(tokens), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
+             token_act_bytes, stream, act.data_as<float>(), args.ids.data_as<int32_t>(), args.weights.data_as<float>(),
+             args.down.data_as<bf16>(), rows_of<T>(args.out), hidden, inter, top_k);
+    });
+    return;
+  }
+  Tensor y = allocate(DType::f32, Shape{pairs, hidden});
   launch(expert_down_kernel, dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
          size_t(inter) * sizeof(float), stream, act.data_as<float>(), args.ids.data_as<int32_t>(),
          args.down.data_as<bf16>(), y.data_as<float>(), hidden, inter);

@@ -28,6 +28,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
 void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out,
                     cudaStream_t stream);
 void add(const Tensor& a, const Tensor& b, float scale, Tensor& out, cudaStream_t stream);
+// rows of at most kMaxResidualNormCols columns
+constexpr int64_t kMaxResidualNormCols = 16384;
 void residual_norm(const ResidualNormArgs& args, cudaStream_t stream);
 void scale(const Tensor& x, float s, Tensor& out, cudaStream_t stream);
 void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out, cudaStream_t stream);

@@ -15,7 +15,6 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kUnroll = 4;
 
 __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x) {
   const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -28,26 +27,30 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x)
   }
 }
 
-// acc[m] += x[m] · w_row for one weight row, the calling warp's lanes splitting the row.
-template <int M>
-__device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* __restrict__ wr,
-                                         int64_t chunks, int lane, float (&acc)[M]) {
-  int64_t c = lane;
-  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+// acc[r][m] += x[m] · w_r for kRows weight rows of any length, the calling warp's lanes splitting
+// the rows: rounds of 8 16-byte loads in flight (over all rows), the last round predicated.
+template <int M, int kRows>
+__device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* const (&wr)[kRows],
+                                         int64_t chunks, int lane, float (&acc)[kRows][M]) {
+  constexpr int kUnroll = 8 / kRows;
+  for (int64_t c = lane; c < chunks; c += 32 * kUnroll) {
+    uint4 wv[kRows][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = __ldg(wr + c + 32 * u);  // all loads in flight first
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        wv[r][u] = c + 32 * u < chunks ? __ldg(wr[r] + c + 32 * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) fma8(acc[m], wv[u], __ldg(xr + c + 32 * u));
-    }
-  }
-  for (; c < chunks; c += 32) {
-    const uint4 wv = __ldg(wr + c);
+      for (int u = 0; u < kUnroll; ++u) {
+        if (c + 32 * u >= chunks) break;
+        const uint4 xv = __ldg(xr + c + 32 * u);
 #pragma unroll
-    for (int m = 0; m < M; ++m) fma8(acc[m], wv, __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + c));
+        for (int r = 0; r < kRows; ++r) fma8(acc[r][m], wv[r][u], xv);
+      }
+    }
   }
 }
 
@@ -79,18 +82,17 @@ __device__ __forceinline__ void short_row_dots(const bf16* __restrict__ x, int64
   }
 }
 
-// Row dots for any k: the one-trip form for k up to 2048 (4096 for one or two input rows), the
-// streaming loop beyond.
+// Row dots for any k: all of a row's loads in one round while they fit in registers (16 16-byte
+// loads a lane, fewer with more input rows), rounds of kUnroll beyond.
 template <int M, int kRows>
 __device__ __forceinline__ void dots(const bf16* __restrict__ x, int64_t ldx, const uint4* const (&wr)[kRows],
                                      int64_t chunks, int lane, float (&acc)[kRows][M]) {
-  if (chunks <= 32 * 8) {
-    short_row_dots<M, 8, kRows>(x, ldx, wr, chunks, lane, acc);
-  } else if (M <= 2 && chunks <= 32 * 16) {  // more input rows would spill the registers
-    short_row_dots<M, 16, kRows>(x, ldx, wr, chunks, lane, acc);
+  if (kRows * M <= 2 && chunks <= 32 * 16 / kRows) {
+    short_row_dots<M, 16 / kRows, kRows>(x, ldx, wr, chunks, lane, acc);
+  } else if (kRows * M <= 4 && chunks <= 32 * 8 / kRows) {
+    short_row_dots<M, 8 / kRows, kRows>(x, ldx, wr, chunks, lane, acc);
   } else {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) row_dots<M>(x, ldx, wr[r], chunks, lane, acc[r]);
+    row_dots<M, kRows>(x, ldx, wr, chunks, lane, acc);
   }
 }
 

@@ -15,6 +15,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+constexpr int kUnroll = 4;
 
 __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x) {
   const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -27,72 +28,26 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x)
   }
 }
 
-// acc[r][m] += x[m] · w_r for kRows weight rows of any length, the calling warp's lanes splitting
-// the rows: rounds of 8 16-byte loads in flight (over all rows), the last round predicated.
-template <int M, int kRows>
-__device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* const (&wr)[kRows],
-                                         int64_t chunks, int lane, float (&acc)[kRows][M]) {
-  constexpr int kUnroll = 8 / kRows;
-  for (int64_t c = lane; c < chunks; c += 32 * kUnroll) {
-    uint4 wv[kRows][kUnroll];
+// acc[m] += x[m] · w_row for one weight row, the calling warp's lanes splitting the row.
+template <int M>
+__device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* __restrict__ wr,
+                                         int64_t chunks, int lane, float (&acc)[M]) {
+  int64_t c = lane;
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    uint4 wv[kUnroll];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        wv[r][u] = c + 32 * u < chunks ? __ldg(wr[r] + c + 32 * u) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kUnroll; ++u) wv[u] = __ldg(wr + c + 32 * u);  // all loads in flight first
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (c + 32 * u >= chunks) break;
-        const uint4 xv = __ldg(xr + c + 32 * u);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) fma8(acc[r][m], wv[r][u], xv);
-      }
+      for (int u = 0; u < kUnroll; ++u) fma8(acc[m], wv[u], __ldg(xr + c + 32 * u));
     }
   }
-}
-
-// The same for rows of at most 256 · kPerLane elements, kRows rows at once: every weight load of
-// the rows is issued before the first multiply, so a row costs one trip to memory, and the last
-// rows of a product (when most of the GPU already idles) finish as fast as the first.
-template <int M, int kPerLane, int kRows>
-__device__ __forceinline__ void short_row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* const (&wr)[kRows],
-                                               int64_t chunks, int lane, float (&acc)[kRows][M]) {
-  uint4 wv[kRows][kPerLane];
+  for (; c < chunks; c += 32) {
+    const uint4 wv = __ldg(wr + c);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int u = 0; u < kPerLane; ++u) {
-      const int64_t c = lane + 32 * u;
-      wv[r][u] = c < chunks ? __ldg(wr[r] + c) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx);
-#pragma unroll
-    for (int u = 0; u < kPerLane; ++u) {
-      const int64_t c = lane + 32 * u;
-      if (c >= chunks) break;
-      const uint4 xv = __ldg(xr + c);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) fma8(acc[r][m], wv[r][u], xv);
-    }
-  }
-}
-
-// Row dots for any k: all of a row's loads in one round while they fit in registers (16 16-byte
-// loads a lane, fewer with more input rows), rounds of kUnroll beyond.
-template <int M, int kRows>
-__device__ __forceinline__ void dots(const bf16* __restrict__ x, int64_t ldx, const uint4* const (&wr)[kRows],
-                                     int64_t chunks, int lane, float (&acc)[kRows][M]) {
-  if (kRows * M <= 2 && chunks <= 32 * 16 / kRows) {
-    short_row_dots<M, 16 / kRows, kRows>(x, ldx, wr, chunks, lane, acc);
-  } else if (kRows * M <= 4 && chunks <= 32 * 8 / kRows) {
-    short_row_dots<M, 8 / kRows, kRows>(x, ldx, wr, chunks, lane, acc);
-  } else {
-    row_dots<M, kRows>(x, ldx, wr, chunks, lane, acc);
+    for (int m = 0; m < M; ++m) fma8(acc[m], wv, __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + c));
   }
 }
 
@@ -118,13 +73,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(int(blockIdx.x) - first_block) * kWarps + threadIdx.x / 32;
   if (row >= p.n[s]) return;
-  float acc[1][M] = {};
-  const uint4* const wr[1] = {reinterpret_cast<const uint4*>(p.w[s] + row * k)};
-  dots<M, 1>(x, ldx, wr, k / 8, lane, acc);
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(p.w[s] + row * k), k / 8, lane, acc);
   O* out = static_cast<O*>(p.out[s]);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const float v = warp_sum(acc[0][m]);
+    const float v = warp_sum(acc[m]);
     if (lane == 0) out[m * p.ldo[s] + row] = from_float<O>(v);
   }
 }
@@ -138,13 +94,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= n) return;
-  float acc[2][M] = {};
-  const uint4* const wr[2] = {reinterpret_cast<const uint4*>(gate + row * k),
-                              reinterpret_cast<const uint4*>(up + row * k)};
-  dots<M, 2>(x, ldx, wr, k / 8, lane, acc);
+  float g[M], u[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) g[m] = u[m] = 0.0f;
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(gate + row * k), k / 8, lane, g);
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(up + row * k), k / 8, lane, u);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const float gv = warp_sum(acc[0][m]), uv = warp_sum(acc[1][m]);
+    const float gv = warp_sum(g[m]), uv = warp_sum(u[m]);
     if (lane == 0) out[m * ldo + row] = from_float<O>((gelu ? gelu_tanh(gv) : silu(gv)) * uv);
   }
 }

@@ -286,22 +286,43 @@ Result<std::unique_ptr<SequenceState>> Qwen35Model::new_sequence(int64_t max_con
 size_t Qwen35Model::decode_bytes(int64_t context, int64_t batch) const {
   const Qwen35Config& c = config_;
   size_t bytes = 0;
-  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.nbytes() : 0; };
+  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.stored_bytes() : 0; };
   const size_t act = dtype_size(backend_.activation_dtype());
-  bytes += size_t(batch) * size_t(c.hidden_size) * dtype_size(embed_tokens.dtype());  // one row per token
+  bytes += size_t(batch) * embed_tokens.stored_bytes() / size_t(embed_tokens.dim(0));  // one row per token
   add(norm_weight);
   add(lm_head);
   for (const Qwen35Layer& w : layers_) {
-    for (const Tensor* t : {&w.input_layernorm, &w.post_attention_layernorm, &w.q_proj, &w.k_proj, &w.v_proj,
-                            &w.o_proj, &w.q_norm, &w.k_norm, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router,
-                            &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down, &w.shared_expert_gate,
-                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
-                            &w.delta.conv1d, &w.delta.a_log, &w.delta.dt_bias, &w.delta.norm, &w.delta.out_proj})
+    for (const Tensor* t : {&w.input_layernorm,
+                            &w.post_attention_layernorm,
+                            &w.q_proj,
+                            &w.k_proj,
+                            &w.v_proj,
+                            &w.o_proj,
+                            &w.q_norm,
+                            &w.k_norm,
+                            &w.mlp.gate,
+                            &w.mlp.up,
+                            &w.mlp.down,
+                            &w.router,
+                            &w.shared_expert.gate,
+                            &w.shared_expert.up,
+                            &w.shared_expert.down,
+                            &w.shared_expert_gate,
+                            &w.delta.in_proj_qkv,
+                            &w.delta.in_proj_z,
+                            &w.delta.in_proj_b,
+                            &w.delta.in_proj_a,
+                            &w.delta.conv1d,
+                            &w.delta.a_log,
+                            &w.delta.dt_bias,
+                            &w.delta.norm,
+                            &w.delta.out_proj})
       add(*t);
     if (c.num_experts > 0) {
       const int64_t routed = std::min(c.num_experts, batch * c.num_experts_per_tok);
       const size_t per_expert =
-          (w.experts.gate.nbytes() + w.experts.up.nbytes() + w.experts.down.nbytes()) / size_t(c.num_experts);
+          (w.experts.gate.stored_bytes() + w.experts.up.stored_bytes() + w.experts.down.stored_bytes()) /
+          size_t(c.num_experts);
       bytes += size_t(routed) * per_expert;
     }
     if (w.linear) {  // the f32 state is read and written, the conv state too
@@ -319,10 +340,9 @@ double Qwen35Model::prefill_flops(int64_t tokens) const {
   const double t = double(tokens);
   double params = double(lm_head.numel()), other = 0;
   for (const Qwen35Layer& w : layers_) {
-    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down,
-                            &w.router, &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down,
-                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
-                            &w.delta.out_proj})
+    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router,
+                            &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down, &w.delta.in_proj_qkv,
+                            &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a, &w.delta.out_proj})
       params += m->defined() ? double(m->numel()) : 0.0;
     if (c.num_experts > 0)
       params += double(c.num_experts_per_tok) *

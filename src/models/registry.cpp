@@ -83,6 +83,8 @@ Result<std::unique_ptr<Model>> load_model_unchecked(const std::string& model_dir
     return make_error("unsupported model_type '{}' in {} (supported: {})", config.model_type, config.path, known);
   }
   KILN_ASSIGN(WeightStore weights, WeightStore::open(model_dir));
+  KILN_ASSIGN(QuantizationConfig quantization, QuantizationConfig::parse(config.text, config.path));
+  weights.set_quantization(std::move(quantization));
   KILN_ASSIGN(auto model, it->second(config, weights, backend, options));
   auto unused = weights.unused();
   if (!unused.empty())

@@ -186,8 +186,8 @@ std::vector<CheckpointTensor> gemma4_checkpoint_tensors(const Gemma4Config& c) {
   for (int64_t i = 0; i < L; ++i) {
     const auto& g = c.layers[size_t(i)];
     const std::string p = "model.layers." + std::to_string(i);
-    for (const char* norm :
-         {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"})
+    for (const char* norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                             "post_feedforward_layernorm"})
       ones(p + "." + norm + ".weight", Shape{H});
     matrix(p + ".self_attn.q_proj.weight", Shape{Hq * g.head_dim, H});
     ones(p + ".self_attn.q_norm.weight", Shape{g.head_dim});
@@ -208,8 +208,8 @@ std::vector<CheckpointTensor> gemma4_checkpoint_tensors(const Gemma4Config& c) {
       ones(p + ".router.per_expert_scale", Shape{E});
       matrix(p + ".experts.gate_up_proj", Shape{E, 2 * I, H});
       matrix(p + ".experts.down_proj", Shape{E, H, I});
-      for (const char* norm :
-           {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"})
+      for (const char* norm : {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                               "post_feedforward_layernorm_2"})
         ones(p + "." + norm + ".weight", Shape{H});
     }
     if (P > 0) {
@@ -387,34 +387,18 @@ size_t Gemma4Model::decode_bytes(int64_t context, int64_t batch) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Gemma4Layer& w = layers_[i];
     const auto& g = c.layers[i];
-    for (const Tensor* t : {&w.input_layernorm,
-                            &w.post_attention_layernorm,
-                            &w.pre_feedforward_layernorm,
-                            &w.post_feedforward_layernorm,
-                            &w.q_proj,
-                            &w.k_proj,
-                            &w.v_proj,
-                            &w.o_proj,
-                            &w.q_norm,
-                            &w.k_norm,
-                            &w.mlp.gate,
-                            &w.mlp.up,
-                            &w.mlp.down,
-                            &w.router_proj,
-                            &w.router_norm_weight,
-                            &w.per_expert_scale,
-                            &w.pre_feedforward_layernorm_2,
-                            &w.post_feedforward_layernorm_1,
-                            &w.post_feedforward_layernorm_2,
-                            &w.per_layer_input_gate,
-                            &w.per_layer_projection,
+    for (const Tensor* t : {&w.input_layernorm, &w.post_attention_layernorm, &w.pre_feedforward_layernorm,
+                            &w.post_feedforward_layernorm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.q_norm,
+                            &w.k_norm, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router_proj, &w.router_norm_weight,
+                            &w.per_expert_scale, &w.pre_feedforward_layernorm_2, &w.post_feedforward_layernorm_1,
+                            &w.post_feedforward_layernorm_2, &w.per_layer_input_gate, &w.per_layer_projection,
                             &w.post_per_layer_input_norm})
       add(*t);
     if (c.enable_moe_block) {  // only the routed experts are read
       const int64_t routed = std::min(c.num_experts, batch * c.top_k_experts);
-      const size_t per_expert =
-          (w.experts.gate.stored_bytes() + w.experts.up.stored_bytes() + w.experts.down.stored_bytes()) /
-          size_t(c.num_experts);
+      const size_t per_expert = (w.experts.gate.stored_bytes() + w.experts.up.stored_bytes() +
+                                 w.experts.down.stored_bytes()) /
+                                size_t(c.num_experts);
       bytes += size_t(routed) * per_expert;
     }
     // keys and values in view of each query

@@ -292,31 +292,11 @@ size_t Qwen35Model::decode_bytes(int64_t context, int64_t batch) const {
   add(norm_weight);
   add(lm_head);
   for (const Qwen35Layer& w : layers_) {
-    for (const Tensor* t : {&w.input_layernorm,
-                            &w.post_attention_layernorm,
-                            &w.q_proj,
-                            &w.k_proj,
-                            &w.v_proj,
-                            &w.o_proj,
-                            &w.q_norm,
-                            &w.k_norm,
-                            &w.mlp.gate,
-                            &w.mlp.up,
-                            &w.mlp.down,
-                            &w.router,
-                            &w.shared_expert.gate,
-                            &w.shared_expert.up,
-                            &w.shared_expert.down,
-                            &w.shared_expert_gate,
-                            &w.delta.in_proj_qkv,
-                            &w.delta.in_proj_z,
-                            &w.delta.in_proj_b,
-                            &w.delta.in_proj_a,
-                            &w.delta.conv1d,
-                            &w.delta.a_log,
-                            &w.delta.dt_bias,
-                            &w.delta.norm,
-                            &w.delta.out_proj})
+    for (const Tensor* t : {&w.input_layernorm, &w.post_attention_layernorm, &w.q_proj, &w.k_proj, &w.v_proj,
+                            &w.o_proj, &w.q_norm, &w.k_norm, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router,
+                            &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down, &w.shared_expert_gate,
+                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
+                            &w.delta.conv1d, &w.delta.a_log, &w.delta.dt_bias, &w.delta.norm, &w.delta.out_proj})
       add(*t);
     if (c.num_experts > 0) {
       const int64_t routed = std::min(c.num_experts, batch * c.num_experts_per_tok);
@@ -340,9 +320,10 @@ double Qwen35Model::prefill_flops(int64_t tokens) const {
   const double t = double(tokens);
   double params = double(lm_head.numel()), other = 0;
   for (const Qwen35Layer& w : layers_) {
-    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down, &w.router,
-                            &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down, &w.delta.in_proj_qkv,
-                            &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a, &w.delta.out_proj})
+    for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp.gate, &w.mlp.up, &w.mlp.down,
+                            &w.router, &w.shared_expert.gate, &w.shared_expert.up, &w.shared_expert.down,
+                            &w.delta.in_proj_qkv, &w.delta.in_proj_z, &w.delta.in_proj_b, &w.delta.in_proj_a,
+                            &w.delta.out_proj})
       params += m->defined() ? double(m->numel()) : 0.0;
     if (c.num_experts > 0)
       params += double(c.num_experts_per_tok) *

@@ -1,0 +1,348 @@
+// CUDA backend: products, lookups and experts of quantized weights (MLX's affine format,
+// src/quant/affine.h).
+//
+// Decode (a few rows): a fused dequantize-GEMV streams the packed codes once. A warp owns an output
+// feature; each lane takes 32-element chunks of the row, which are exactly `bits` 32-bit words of
+// codes and never straddle a group (groups are 32, 64 or 128), so a chunk needs one scale and one
+// bias: acc += scale · Σ x·q + bias · Σ x.
+// Prefill: dequantize_rows expands a block of rows into bf16 scratch for cuBLAS (the caller bounds
+// the block); see cuda_backend.cpp for the sizes.
+// Experts: the routed (token, slot) pairs run as GEMVs over the chosen expert's packed rows, as the
+// bf16 expert path does.
+#include <cassert>
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.cuh"
+#include "core/tensor.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+
+// A quantized matrix as the kernels read it: scales and biases are bf16 on the device.
+struct QView {
+  const uint32_t* packed;
+  const bf16* scales;
+  const bf16* biases;
+  int64_t rows = 0, cols = 0;
+  int bits = 0, group_size = 0;
+  __device__ __forceinline__ const uint32_t* row_words(int64_t r) const { return packed + r * (cols / 32) * bits; }
+  __device__ __forceinline__ int64_t groups() const { return cols / group_size; }
+};
+
+QView view_of(const Tensor& w) {
+  const QuantParams& q = w.quant();
+  return QView{.packed = static_cast<const uint32_t*>(w.data()),
+               .scales = q.scales.data_as<bf16>(),
+               .biases = q.biases.data_as<bf16>(),
+               .rows = w.rows(),
+               .cols = w.cols(),
+               .bits = q.bits,
+               .group_size = q.group_size};
+}
+
+// The BITS words of codes of one 32-element chunk.
+template <int BITS>
+__device__ __forceinline__ void load_chunk(const uint32_t* p, uint32_t (&w)[BITS]) {
+  if constexpr (BITS == 4 || BITS == 8) {
+#pragma unroll
+    for (int i = 0; i < BITS / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (BITS == 2 || BITS == 6) {
+#pragma unroll
+    for (int i = 0; i < BITS / 2; ++i) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < BITS; ++i) w[i] = __ldg(p + i);
+  }
+}
+
+// Code i (0..31) of a chunk: bits [i·BITS, (i+1)·BITS) of the little-endian stream.
+template <int BITS>
+__device__ __forceinline__ float code(const uint32_t (&w)[BITS], int i) {
+  const int pos = i * BITS, word = pos / 32, shift = pos % 32;
+  uint32_t v = w[word] >> shift;
+  if (shift + BITS > 32) v |= w[word + 1] << (32 - shift);
+  return float(v & ((1u << BITS) - 1u));
+}
+
+template <int BITS>
+__device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {
+  uint32_t w[BITS];
+  load_chunk<BITS>(p, w);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) q[i] = code<BITS>(w, i);
+}
+
+// Calls f(std::integral_constant<int, BITS>) for a runtime width.
+template <typename F>
+__device__ __forceinline__ void with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// ---- decode: fused dequantize + GEMV ----
+
+template <int BITS, int M, typename O>
+__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(QView w, const bf16* __restrict__ x, int64_t ldx,
+                                                            O* __restrict__ out, int64_t ldo) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= w.rows) return;
+  const uint32_t* codes = w.row_words(row);
+  const int64_t chunks = w.cols / 32, groups = w.groups(), per_group = w.group_size / 32;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+#pragma unroll 2
+  for (int64_t c = lane; c < chunks; c += 32) {
+    float q[32];
+    unpack32<BITS>(codes + c * BITS, q);
+    const int64_t g = row * groups + c / per_group;
+    const float s = __bfloat162float(w.scales[g]), b = __bfloat162float(w.biases[g]);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx + c * 32);
+      float dot = 0.0f, sum = 0.0f;
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const uint4 xv = __ldg(xr + v);
+        const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(xp[j]);
+          dot = fmaf(f.x, q[8 * v + 2 * j], dot);
+          dot = fmaf(f.y, q[8 * v + 2 * j + 1], dot);
+          sum += f.x + f.y;
+        }
+      }
+      acc[m] = fmaf(s, dot, fmaf(b, sum, acc[m]));
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float v = warp_sum(acc[m]);
+    if (lane == 0) out[m * ldo + row] = from_float<O>(v);
+  }
+}
+
+template <int BITS, int M>
+void launch_gemv(const QView& w, const Tensor& x, Tensor& out, int64_t ldo, cudaStream_t stream) {
+  const int blocks = ceil_div(w.rows, kWarps);
+  if (out.dtype() == DType::f32)
+    qgemv_kernel<BITS, M, float>
+        <<<blocks, kWarps * 32, 0, stream>>>(w, x.data_as<bf16>(), x.row_stride(), out.data_as<float>(), ldo);
+  else
+    qgemv_kernel<BITS, M, bf16>
+        <<<blocks, kWarps * 32, 0, stream>>>(w, x.data_as<bf16>(), x.row_stride(), out.data_as<bf16>(), ldo);
+}
+
+template <int BITS>
+void gemv_rows(int64_t m, const QView& w, const Tensor& x, Tensor& out, int64_t ldo, cudaStream_t stream) {
+  switch (m) {
+    case 1: launch_gemv<BITS, 1>(w, x, out, ldo, stream); break;
+    case 2: launch_gemv<BITS, 2>(w, x, out, ldo, stream); break;
+    case 3: launch_gemv<BITS, 3>(w, x, out, ldo, stream); break;
+    case 4: launch_gemv<BITS, 4>(w, x, out, ldo, stream); break;
+    case 5: launch_gemv<BITS, 5>(w, x, out, ldo, stream); break;
+    case 6: launch_gemv<BITS, 6>(w, x, out, ldo, stream); break;
+    case 7: launch_gemv<BITS, 7>(w, x, out, ldo, stream); break;
+    default: launch_gemv<BITS, 8>(w, x, out, ldo, stream); break;
+  }
+}
+
+// ---- prefill: dequantize a block of rows for cuBLAS ----
+
+template <int BITS>
+__global__ void dequantize_kernel(QView w, int64_t row_begin, int64_t n_rows, bf16* __restrict__ out) {
+  const int64_t chunks = w.cols / 32;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * chunks) return;
+  const int64_t r = i / chunks, c = i % chunks, row = row_begin + r;
+  float q[32];
+  unpack32<BITS>(w.row_words(row) + c * BITS, q);
+  const int64_t g = row * w.groups() + c * 32 / w.group_size;
+  const float s = __bfloat162float(w.scales[g]), b = __bfloat162float(w.biases[g]);
+  uint4* dst = reinterpret_cast<uint4*>(out + r * w.cols + c * 32);
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    uint4 packed;
+    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      p[j] = __floats2bfloat162_rn(fmaf(s, q[8 * v + 2 * j], b), fmaf(s, q[8 * v + 2 * j + 1], b));
+    dst[v] = packed;
+  }
+}
+
+// ---- embedding rows ----
+
+template <int BITS, typename O>
+__global__ void embed_kernel(QView table, const int32_t* ids, Rows<O> out, int64_t n, float scale) {
+  const int64_t t = blockIdx.x;
+  if (t >= n) return;
+  int64_t id = ids[t];
+  id = id < 0 ? 0 : (id >= table.rows ? table.rows - 1 : id);  // ids are validated on the host
+  O* dst = out.row(t);
+  for (int64_t c = threadIdx.x; c < table.cols / 32; c += blockDim.x) {
+    float q[32];
+    unpack32<BITS>(table.row_words(id) + c * BITS, q);
+    const int64_t g = id * table.groups() + c * 32 / table.group_size;
+    const float s = __bfloat162float(table.scales[g]), b = __bfloat162float(table.biases[g]);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) dst[c * 32 + j] = from_float<O>(fmaf(s, q[j], b) * scale);
+  }
+}
+
+// ---- experts ----
+
+// row · xs over a quantized row, xs in shared memory (f32); the warp's lanes split the chunks
+__device__ __forceinline__ float quant_dot(const QView& w, int64_t row, const float* xs, int lane) {
+  float acc = 0.0f;
+  with_bits(w.bits, [&](auto bits_tag) {
+    constexpr int BITS = decltype(bits_tag)::value;
+    const uint32_t* codes = w.row_words(row);
+    const int64_t per_group = w.group_size / 32;
+    for (int64_t c = lane; c < w.cols / 32; c += 32) {
+      float q[32];
+      unpack32<BITS>(codes + c * BITS, q);
+      const int64_t g = row * w.groups() + c / per_group;
+      float dot = 0.0f, sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        dot = fmaf(xs[c * 32 + j], q[j], dot);
+        sum += xs[c * 32 + j];
+      }
+      acc = fmaf(__bfloat162float(w.scales[g]), dot, fmaf(__bfloat162float(w.biases[g]), sum, acc));
+    }
+  });
+  return warp_sum(acc);
+}
+
+template <typename T>
+__global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, QView gate, QView up, float* act,
+                                 int64_t hidden, int64_t inter, int top_k, bool gelu) {
+  extern __shared__ float xs[];
+  const int64_t pair = blockIdx.x;
+  const int64_t t = pair / top_k, e = ids[pair];
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) xs[c] = to_float(x.row(t)[c]);
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.y) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (i >= inter) return;
+  const float g = quant_dot(gate, e * inter + i, xs, lane);
+  const float u = quant_dot(up, e * inter + i, xs, lane);
+  if (lane == 0) act[pair * inter + i] = (gelu ? gelu_tanh(g) : silu(g)) * u;
+}
+
+__global__ void expert_down_kernel(const float* act, const int32_t* ids, QView down, float* y, int64_t hidden,
+                                   int64_t inter) {
+  extern __shared__ float as[];
+  const int64_t pair = blockIdx.x, e = ids[pair];
+  for (int64_t i = threadIdx.x; i < inter; i += blockDim.x) as[i] = act[pair * inter + i];
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t c = int64_t(blockIdx.y) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (c >= hidden) return;
+  const float d = quant_dot(down, e * hidden + c, as, lane);
+  if (lane == 0) y[pair * hidden + c] = d;
+}
+
+template <typename T>
+__global__ void combine_kernel(const float* y, const float* weights, Rows<T> out, int64_t tokens, int64_t hidden,
+                               int top_k) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * hidden) return;
+  const int64_t t = i / hidden, c = i % hidden;
+  float acc = 0;
+  for (int k = 0; k < top_k; ++k) acc += weights[t * top_k + k] * y[(t * top_k + k) * hidden + c];
+  out.row(t)[c] = from_float<T>(acc);
+}
+
+template <typename F>
+void host_with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+}  // namespace
+
+void quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream) {
+  const int64_t m = x.rows(), n = w.rows();
+  assert(m >= 1 && m <= 8 && x.dtype() == DType::bf16);
+  const int64_t ldo = out.cols() == n ? out.row_stride() : n;
+  const QView v = view_of(w);
+  host_with_bits(v.bits, [&](auto tag) { gemv_rows<decltype(tag)::value>(m, v, x, out, ldo, stream); });
+}
+
+void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream) {
+  const QView v = view_of(w);
+  const int64_t work = n_rows * (v.cols / 32);
+  if (work == 0) return;
+  host_with_bits(v.bits, [&](auto tag) {
+    dequantize_kernel<decltype(tag)::value>
+        <<<ceil_div(work, 256), 256, 0, stream>>>(v, row_begin, n_rows, out.data_as<bf16>());
+  });
+}
+
+void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream) {
+  const int64_t n = ids.numel();
+  if (n == 0) return;
+  const QView v = view_of(table);
+  host_with_bits(v.bits, [&](auto tag) {
+    constexpr int BITS = decltype(tag)::value;
+    dispatch_float(out.dtype(), [&](auto o_tag) {
+      using O = decltype(o_tag);
+      embed_kernel<BITS, O><<<int(n), 128, 0, stream>>>(v, ids.data_as<int32_t>(), rows_of<O>(out), n, scale);
+    });
+  });
+}
+
+void quantized_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream) {
+  const int64_t tokens = args.x.rows(), hidden = args.x.cols();
+  const int64_t inter = args.gate.dim(1);
+  const int top_k = int(args.ids.cols());
+  const int64_t pairs = tokens * top_k;
+  if (pairs == 0) return;
+  Tensor act = allocate(DType::f32, Shape{pairs, inter});
+  Tensor y = allocate(DType::f32, Shape{pairs, hidden});
+  const bool gelu = args.act == Activation::gelu_tanh;
+  dispatch_float(args.x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    expert_up_kernel<T><<<dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32,
+                          size_t(hidden) * sizeof(float), stream>>>(rows_of<const T>(args.x),
+                                                                     args.ids.data_as<int32_t>(), view_of(args.gate),
+                                                                     view_of(args.up), act.data_as<float>(), hidden,
+                                                                     inter, top_k, gelu);
+  });
+  expert_down_kernel<<<dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
+                       size_t(inter) * sizeof(float), stream>>>(act.data_as<float>(), args.ids.data_as<int32_t>(),
+                                                                view_of(args.down), y.data_as<float>(), hidden, inter);
+  dispatch_float(args.out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    combine_kernel<T><<<ceil_div(tokens * hidden, 256), 256, 0, stream>>>(
+        y.data_as<float>(), args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
+  });
+}
+
+}  // namespace kiln::cuda

@@ -86,20 +86,32 @@ __device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {
 template <typename F>
 __device__ __forceinline__ void with_bits(int bits, F&& f) {
   switch (bits) {
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 5:
+      f(std::integral_constant<int, 5>{});
+      break;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      break;
+    default:
+      f(std::integral_constant<int, 8>{});
+      break;
   }
 }
 
 // ---- decode: fused dequantize + GEMV ----
 
 template <int BITS, int M, typename O>
-__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(QView w, const bf16* __restrict__ x, int64_t ldx,
-                                                            O* __restrict__ out, int64_t ldo) {
+__global__ void __launch_bounds__(kWarps * 32)
+    qgemv_kernel(QView w, const bf16* __restrict__ x, int64_t ldx, O* __restrict__ out, int64_t ldo) {
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= w.rows) return;
@@ -154,14 +166,30 @@ void launch_gemv(const QView& w, const Tensor& x, Tensor& out, int64_t ldo, cuda
 template <int BITS>
 void gemv_rows(int64_t m, const QView& w, const Tensor& x, Tensor& out, int64_t ldo, cudaStream_t stream) {
   switch (m) {
-    case 1: launch_gemv<BITS, 1>(w, x, out, ldo, stream); break;
-    case 2: launch_gemv<BITS, 2>(w, x, out, ldo, stream); break;
-    case 3: launch_gemv<BITS, 3>(w, x, out, ldo, stream); break;
-    case 4: launch_gemv<BITS, 4>(w, x, out, ldo, stream); break;
-    case 5: launch_gemv<BITS, 5>(w, x, out, ldo, stream); break;
-    case 6: launch_gemv<BITS, 6>(w, x, out, ldo, stream); break;
-    case 7: launch_gemv<BITS, 7>(w, x, out, ldo, stream); break;
-    default: launch_gemv<BITS, 8>(w, x, out, ldo, stream); break;
+    case 1:
+      launch_gemv<BITS, 1>(w, x, out, ldo, stream);
+      break;
+    case 2:
+      launch_gemv<BITS, 2>(w, x, out, ldo, stream);
+      break;
+    case 3:
+      launch_gemv<BITS, 3>(w, x, out, ldo, stream);
+      break;
+    case 4:
+      launch_gemv<BITS, 4>(w, x, out, ldo, stream);
+      break;
+    case 5:
+      launch_gemv<BITS, 5>(w, x, out, ldo, stream);
+      break;
+    case 6:
+      launch_gemv<BITS, 6>(w, x, out, ldo, stream);
+      break;
+    case 7:
+      launch_gemv<BITS, 7>(w, x, out, ldo, stream);
+      break;
+    default:
+      launch_gemv<BITS, 8>(w, x, out, ldo, stream);
+      break;
   }
 }
 
@@ -234,8 +262,8 @@ __device__ __forceinline__ float quant_dot(const QView& w, int64_t row, const fl
 }
 
 template <typename T>
-__global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, QView gate, QView up, float* act,
-                                 int64_t hidden, int64_t inter, int top_k, bool gelu) {
+__global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, QView gate, QView up, float* act, int64_t hidden,
+                                 int64_t inter, int top_k, bool gelu) {
   extern __shared__ float xs[];
   const int64_t pair = blockIdx.x;
   const int64_t t = pair / top_k, e = ids[pair];
@@ -276,12 +304,24 @@ __global__ void combine_kernel(const float* y, const float* weights, Rows<T> out
 template <typename F>
 void host_with_bits(int bits, F&& f) {
   switch (bits) {
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 5:
+      f(std::integral_constant<int, 5>{});
+      break;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      break;
+    default:
+      f(std::integral_constant<int, 8>{});
+      break;
   }
 }
 
@@ -329,11 +369,10 @@ void quantized_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate,
   const bool gelu = args.act == Activation::gelu_tanh;
   dispatch_float(args.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    expert_up_kernel<T><<<dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32,
-                          size_t(hidden) * sizeof(float), stream>>>(rows_of<const T>(args.x),
-                                                                     args.ids.data_as<int32_t>(), view_of(args.gate),
-                                                                     view_of(args.up), act.data_as<float>(), hidden,
-                                                                     inter, top_k, gelu);
+    expert_up_kernel<T>
+        <<<dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32, size_t(hidden) * sizeof(float),
+           stream>>>(rows_of<const T>(args.x), args.ids.data_as<int32_t>(), view_of(args.gate), view_of(args.up),
+                     act.data_as<float>(), hidden, inter, top_k, gelu);
   });
   expert_down_kernel<<<dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
                        size_t(inter) * sizeof(float), stream>>>(act.data_as<float>(), args.ids.data_as<int32_t>(),

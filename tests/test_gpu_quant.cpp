@@ -111,7 +111,15 @@ TEST_F(GpuQuant, RoutedExperts) {
   for (int bits : {3, 4, 8}) {
     Tensor gate = random_quantized(rng, Shape{experts, inter, hidden}, bits, 32);
     Tensor up = random_quantized(rng, Shape{experts, inter, hidden}, bits, 32);
+    // a dense down projection beside quantized gate and up, as when its input size is not a
+    // multiple of the group size
+    const bool dense_down = bits == 8;
     Tensor down = random_quantized(rng, Shape{experts, hidden, inter}, bits, 32);
+    if (dense_down) {  // values bf16 holds exactly, so that both sides multiply the same weights
+      down = dequantized(down);
+      for (int64_t i = 0; i < down.numel(); ++i)
+        down.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(down.data_as<float>()[i]));
+    }
     Tensor x = random(Shape{tokens, hidden}, 0.5f);
     Tensor ids = host_tensor(DType::i32, Shape{tokens, top_k}), weights = host_tensor(DType::f32, Shape{tokens, top_k});
     for (int64_t i = 0; i < tokens * top_k; ++i) {
@@ -133,7 +141,7 @@ TEST_F(GpuQuant, RoutedExperts) {
                       .weights = gpu->upload(weights, DType::f32),
                       .gate = gpu->upload_quantized(gate),
                       .up = gpu->upload_quantized(up),
-                      .down = gpu->upload_quantized(down),
+                      .down = dense_down ? gpu->upload(down, DType::bf16) : gpu->upload_quantized(down),
                       .out = got,
                       .act = Activation::silu});
     EXPECT_LT(rel(gpu->to_host(got), want), 1e-3) << bits << " bits";

@@ -429,7 +429,7 @@ class CudaBackend final : public Backend {
   }
   void moe_experts(const MoeExpertsArgs& args) override {
     OpTimer timed(this, "moe_experts");
-    if (args.gate.quantized()) {
+    if (args.gate.quantized() || args.up.quantized() || args.down.quantized()) {
       cuda::quantized_moe_experts(
           args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
       return after_launch("quantized_moe_experts");

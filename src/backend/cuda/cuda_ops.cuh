@@ -49,6 +49,7 @@ void quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t 
 // rows [row_begin, row_begin + n_rows) of w, dequantized into out (bf16, [n_rows, k] contiguous)
 void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream);
 void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream);
+// experts whose stacks are quantized (any of them; the others bf16)
 void quantized_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
 
 }  // namespace kiln::cuda

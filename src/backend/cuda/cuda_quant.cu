@@ -22,11 +22,14 @@ namespace {
 
 constexpr int kWarps = 8;
 
-// A quantized matrix as the kernels read it: scales and biases are bf16 on the device.
+// A quantized matrix as the kernels read it: scales and biases are bf16 on the device. The
+// expert kernels also take a plain bf16 stack through it (`values` set), since a checkpoint may
+// leave one projection of the experts unquantized.
 struct QView {
   const uint32_t* packed;
   const bf16* scales;
   const bf16* biases;
+  const bf16* values;  // a dense bf16 matrix instead
   int64_t rows = 0, cols = 0;
   int bits = 0, group_size = 0;
   __device__ __forceinline__ const uint32_t* row_words(int64_t r) const { return packed + r * (cols / 32) * bits; }
@@ -34,10 +37,18 @@ struct QView {
 };
 
 QView view_of(const Tensor& w) {
+  if (!w.quantized())
+    return QView{.packed = nullptr,
+                 .scales = nullptr,
+                 .biases = nullptr,
+                 .values = w.data_as<bf16>(),
+                 .rows = w.rows(),
+                 .cols = w.cols()};
   const QuantParams& q = w.quant();
   return QView{.packed = static_cast<const uint32_t*>(w.data()),
                .scales = q.scales.data_as<bf16>(),
                .biases = q.biases.data_as<bf16>(),
+               .values = nullptr,
                .rows = w.rows(),
                .cols = w.cols(),
                .bits = q.bits,
@@ -241,6 +252,11 @@ __global__ void embed_kernel(QView table, const int32_t* ids, Rows<O> out, int64
 // row · xs over a quantized row, xs in shared memory (f32); the warp's lanes split the chunks
 __device__ __forceinline__ float quant_dot(const QView& w, int64_t row, const float* xs, int lane) {
   float acc = 0.0f;
+  if (w.values) {
+    const bf16* r = w.values + row * w.cols;
+    for (int64_t i = lane; i < w.cols; i += 32) acc = fmaf(__bfloat162float(r[i]), xs[i], acc);
+    return warp_sum(acc);
+  }
   with_bits(w.bits, [&](auto bits_tag) {
     constexpr int BITS = decltype(bits_tag)::value;
     const uint32_t* codes = w.row_words(row);

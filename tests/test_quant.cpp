@@ -399,6 +399,11 @@ TEST(QuantLoaderErrors, UnsupportedBitsAndGroups) {
     c["quantization"]["mode"] = "mxfp4";
   });
   expect_error(load_error(dir), "mxfp4");
+  edit_config(dir, [](auto& c) {
+    c["quantization"]["mode"] = "affine";
+    c["quantization"]["quant_method"] = "gptq";
+  });
+  expect_error(load_error(dir), "gptq");
 }
 
 TEST(QuantLoaderErrors, MissingBiases) {

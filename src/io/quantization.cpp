@@ -21,7 +21,8 @@ Result<QuantizationConfig> QuantizationConfig::parse(const nlohmann::json& confi
   const nlohmann::json& block = config[key];
   const std::string here = where + " " + key;
   if (!block.is_object()) return make_error("{} must be an object", here);
-  if (block.contains("quant_method") && !block.contains("bits"))
+  // other tools' blocks (GPTQ, AWQ, bitsandbytes, compressed-tensors) name their method; mlx-lm's do not
+  if (block.contains("quant_method") && block["quant_method"] != "mlx")
     return make_error("{}: quant_method {} is not supported (kiln reads MLX's affine quantization)", here,
                       block["quant_method"].dump());
   const std::string mode =

@@ -119,28 +119,93 @@ __device__ __forceinline__ void with_bits(int bits, F&& f) {
 }
 
 // ---- decode: fused dequantize + GEMV ----
+//
+// Turning codes into floats is what bounds this kernel, not the multiply: an integer-to-float
+// conversion runs at a quarter of the FMA rate. So a code goes into the mantissa of a float whose
+// exponent is fixed instead: f = 0.5 + q · 2^-(BITS+1) for the general widths (one shift and one
+// LOP3), f = 0.5 + q / 256 for 4 bits (one byte permute per code after splitting nibbles into
+// bytes). With the input chunk's sum Σx computed once per block,
+//   Σ x·q = 2^(BITS+1) · Σ x·f − 2^BITS · Σ x,    acc += s · Σ x·q + b · Σ x.
+// The offset costs ~5 of f32's 24 bits, far below bf16's rounding of the inputs.
+
+// Σ x·f over one chunk, with f(q) = 0.5 + q · 2^-(BITS+1) (4 bits: q / 256), and the factor that
+// turns it back into Σ x·q.
+template <int BITS>
+struct ChunkCodes {
+  float f[32];
+  static constexpr float kScale = BITS == 4 ? 256.0f : float(2 << BITS);
+
+  __device__ __forceinline__ void load(const uint32_t* p) {
+    uint32_t w[BITS];
+    load_chunk<BITS>(p, w);
+    if constexpr (BITS == 4) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // word j holds codes 8j .. 8j+7, four bits each
+        const uint32_t lo = w[j] & 0x0f0f0f0fu, hi = (w[j] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {  // byte b of lo: code 2b; of hi: code 2b+1 -> bits 16..23 of 0x3f000000
+          f[8 * j + 2 * b] = __uint_as_float(__byte_perm(lo, 0x3f000000u, 0x7044u | (unsigned(b) << 8)));
+          f[8 * j + 2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x3f000000u, 0x7044u | (unsigned(b) << 8)));
+        }
+      }
+    } else {
+      constexpr int kTop = 23 - BITS;  // the code's place in the mantissa
+      constexpr uint32_t kMask = ((1u << BITS) - 1u) << kTop;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int pos = i * BITS, word = pos / 32, shift = pos % 32;
+        uint32_t v;
+        if (shift + BITS > 32)
+          v = __funnelshift_r(w[word], w[word + 1], shift) << kTop;
+        else
+          v = shift >= kTop ? w[word] >> (shift - kTop) : w[word] << (kTop - shift);
+        f[i] = __uint_as_float((v & kMask) | 0x3f000000u);
+      }
+    }
+  }
+};
 
 template <int BITS, int M, typename O>
 __global__ void __launch_bounds__(kWarps * 32)
     qgemv_kernel(QView w, const bf16* __restrict__ x, int64_t ldx, O* __restrict__ out, int64_t ldo) {
+  extern __shared__ float xsum[];  // [M, chunks]: Σ x over each 32-element chunk
+  const int64_t chunks = w.cols / 32, groups = w.groups(), per_group = w.group_size / 32;
+  for (int64_t i = threadIdx.x; i < M * chunks; i += blockDim.x) {
+    const int64_t m = i / chunks, c = i % chunks;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx + c * 32);
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const uint4 xv = __ldg(xr + v);
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(xp[j]);
+        sum += f.x + f.y;
+      }
+    }
+    xsum[i] = sum;
+  }
+  __syncthreads();
+
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= w.rows) return;
   const uint32_t* codes = w.row_words(row);
-  const int64_t chunks = w.cols / 32, groups = w.groups(), per_group = w.group_size / 32;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
 #pragma unroll 2
   for (int64_t c = lane; c < chunks; c += 32) {
-    float q[32];
-    unpack32<BITS>(codes + c * BITS, q);
+    ChunkCodes<BITS> q;
+    q.load(codes + c * BITS);
     const int64_t g = row * groups + c / per_group;
     const float s = __bfloat162float(w.scales[g]), b = __bfloat162float(w.biases[g]);
+    const float s_f = s * ChunkCodes<BITS>::kScale, b_f = b - 0.5f * s * ChunkCodes<BITS>::kScale;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx + c * 32);
-      float dot = 0.0f, sum = 0.0f;
+      float dot = 0.0f;
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const uint4 xv = __ldg(xr + v);
@@ -148,12 +213,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float2 f = __bfloat1622float2(xp[j]);
-          dot = fmaf(f.x, q[8 * v + 2 * j], dot);
-          dot = fmaf(f.y, q[8 * v + 2 * j + 1], dot);
-          sum += f.x + f.y;
+          dot = fmaf(f.x, q.f[8 * v + 2 * j], dot);
+          dot = fmaf(f.y, q.f[8 * v + 2 * j + 1], dot);
         }
       }
-      acc[m] = fmaf(s, dot, fmaf(b, sum, acc[m]));
+      // s · Σ x·q + b · Σ x with Σ x·q = kScale · (dot − Σx / 2)
+      acc[m] = fmaf(s_f, dot, fmaf(b_f, xsum[m * chunks + c], acc[m]));
     }
   }
 #pragma unroll
@@ -166,12 +231,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int BITS, int M>
 void launch_gemv(const QView& w, const Tensor& x, Tensor& out, int64_t ldo, cudaStream_t stream) {
   const int blocks = ceil_div(w.rows, kWarps);
+  const size_t shared = size_t(M) * size_t(w.cols / 32) * sizeof(float);
+  auto run = [&](auto kernel, auto* o) {
+    if (shared > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+    kernel<<<blocks, kWarps * 32, shared, stream>>>(w, x.data_as<bf16>(), x.row_stride(), o, ldo);
+  };
   if (out.dtype() == DType::f32)
-    qgemv_kernel<BITS, M, float>
-        <<<blocks, kWarps * 32, 0, stream>>>(w, x.data_as<bf16>(), x.row_stride(), out.data_as<float>(), ldo);
+    run(qgemv_kernel<BITS, M, float>, out.data_as<float>());
   else
-    qgemv_kernel<BITS, M, bf16>
-        <<<blocks, kWarps * 32, 0, stream>>>(w, x.data_as<bf16>(), x.row_stride(), out.data_as<bf16>(), ldo);
+    run(qgemv_kernel<BITS, M, bf16>, out.data_as<bf16>());
 }
 
 template <int BITS>

@@ -162,6 +162,8 @@ def build(name, source, out_root):
                 if full in dict(model.named_buffers()):
                     continue  # a buffer the checkpoint does not carry
                 raise
+            if v.ndim == 3 and tuple(v.shape) != tuple(p.shape) and tuple(v.transpose(-1, -2).shape) == tuple(p.shape):
+                v = v.transpose(-1, -2)  # fused experts held [E, in, out]
             assert tuple(v.shape) == tuple(p.shape), (full, tuple(v.shape), tuple(p.shape))
             p.copy_(v.to(p.dtype))
     unused = sorted(set(ours) - used - {"lm_head.weight"})

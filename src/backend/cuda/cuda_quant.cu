@@ -135,9 +135,7 @@ struct ChunkCodes {
   float f[32];
   static constexpr float kScale = BITS == 4 ? 256.0f : float(2 << BITS);
 
-  __device__ __forceinline__ void load(const uint32_t* p) {
-    uint32_t w[BITS];
-    load_chunk<BITS>(p, w);
+  __device__ __forceinline__ void unpack(const uint32_t (&w)[BITS]) {
     if constexpr (BITS == 4) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // word j holds codes 8j .. 8j+7, four bits each
@@ -195,10 +193,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-#pragma unroll 2
-  for (int64_t c = lane; c < chunks; c += 32) {
+  // one chunk: the codes' words already loaded, then the scale and bias, the inputs, the sums
+  auto chunk = [&](const uint32_t(&words)[BITS], int64_t c) {
     ChunkCodes<BITS> q;
-    q.load(codes + c * BITS);
+    q.unpack(words);
     const int64_t g = row * groups + c / per_group;
     const float s = __bfloat162float(w.scales[g]), b = __bfloat162float(w.biases[g]);
     const float s_f = s * ChunkCodes<BITS>::kScale, b_f = b - 0.5f * s * ChunkCodes<BITS>::kScale;
@@ -220,6 +218,21 @@ __global__ void __launch_bounds__(kWarps * 32)
       // s · Σ x·q + b · Σ x with Σ x·q = kScale · (dot − Σx / 2)
       acc[m] = fmaf(s_f, dot, fmaf(b_f, xsum[m * chunks + c], acc[m]));
     }
+  };
+  // two chunks per step, both chunks' words requested before either is unpacked: more loads in
+  // flight per lane
+  int64_t c = lane;
+  for (; c + 32 < chunks; c += 64) {
+    uint32_t first[BITS], second[BITS];
+    load_chunk<BITS>(codes + c * BITS, first);
+    load_chunk<BITS>(codes + (c + 32) * BITS, second);
+    chunk(first, c);
+    chunk(second, c + 32);
+  }
+  if (c < chunks) {
+    uint32_t last[BITS];
+    load_chunk<BITS>(codes + c * BITS, last);
+    chunk(last, c);
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) {

@@ -70,8 +70,26 @@ TEST(QuantFormat, QuantizesAsMlx) {
   EXPECT_FLOAT_EQ(scale, 1.0f / -15.0f);
   for (int i = 0; i < 32; i += 8) {
     quant::unpack8(&packed[size_t(i / 2)], 4, codes);
-    for (int k = 0; k < 8; ++k) EXPECT_EQ(codes[k], uint32_t(std::rint(15.0f * (1.0f - up[size_t(i + k)]))));
+    for (int k = 0; k < 8; ++k) EXPECT_EQ(codes[k], uint32_t(std::round(15.0f * (1.0f - up[size_t(i + k)]))));
   }
+  // an all-negative group: the range reaches up to 0 (mlx's GPU kernels start the max at 0)
+  std::vector<float> negative(32, -1.0f);
+  negative[0] = -3.0f;
+  quant::quantize_row(negative.data(), 32, 4, 32, packed.data(), &scale, &bias);
+  EXPECT_EQ(bias, -3.0f);
+  EXPECT_FLOAT_EQ(scale, -3.0f / std::round(-3.0f / (3.0f / 15.0f)));
+  quant::unpack8(&packed[0], 4, codes);
+  EXPECT_EQ(codes[0], 0u);
+  EXPECT_EQ(codes[1], 10u);  // (-1 - -3) / 0.2
+  // halves round away from zero: codes 0.5 and 2.5 steps above the bias
+  std::vector<float> ties(32, 0.0f);
+  ties[0] = -15.0f, ties[1] = -14.5f, ties[2] = -12.5f;
+  quant::quantize_row(ties.data(), 32, 4, 32, packed.data(), &scale, &bias);
+  EXPECT_EQ(bias, -15.0f);
+  EXPECT_EQ(scale, 1.0f);
+  quant::unpack8(&packed[0], 4, codes);
+  EXPECT_EQ(codes[1], 1u);
+  EXPECT_EQ(codes[2], 3u);
   // the min dominates: bias = min, scale = min / round(min / step)
   std::vector<float> low(32, 0.5f);
   low[3] = -2.0f;

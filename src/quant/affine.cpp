@@ -39,7 +39,9 @@ void quantize_row(const float* w, int64_t cols, int bits, int group_size, uint8_
   uint32_t codes[8];
   for (int64_t g = 0; g < cols / group_size; ++g) {
     const float* x = w + g * group_size;
-    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+    // as mlx's GPU kernels (Metal and CUDA) reduce: the max starts at 0, so an all-negative group
+    // keeps 0 inside its range
+    float lo = std::numeric_limits<float>::max(), hi = 0.0f;
     for (int j = 0; j < group_size; ++j) {
       lo = std::min(lo, x[j]);
       hi = std::max(hi, x[j]);
@@ -49,14 +51,14 @@ void quantize_row(const float* w, int64_t cols, int bits, int group_size, uint8_
     float scale = std::max((hi - lo) / n_bins, eps);
     scale = low_side ? scale : -scale;
     const float edge = low_side ? lo : hi;
-    const float q0 = std::rint(edge / scale);
+    const float q0 = std::round(edge / scale);
     float bias = 0.0f;
     if (q0 != 0.0f) {  // else the whole group is ~0 and keeps a zero bias
       scale = edge / q0;
       bias = edge;
     }
     for (int j = 0; j < group_size; j += 8) {
-      for (int k = 0; k < 8; ++k) codes[k] = uint32_t(std::clamp(std::rint((x[j + k] - bias) / scale), 0.0f, n_bins));
+      for (int k = 0; k < 8; ++k) codes[k] = uint32_t(std::clamp(std::round((x[j + k] - bias) / scale), 0.0f, n_bins));
       pack8(codes, bits, packed + size_t(g * group_size + j) / 8 * size_t(bits));
     }
     scales[g] = scale;

@@ -57,10 +57,12 @@ inline float load_float(const void* row, DType dtype, int64_t i) {
 // each element computed in f32 as scale · q + bias.
 void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out);
 
-// Quantizes a row of `cols` floats as mlx's quantize does: per group, the range [min, max] maps to
-// codes 0 .. 2^bits - 1 with the larger-magnitude extreme kept exact as the bias, scales and biases
-// returned in f32 (callers store them rounded to the weight's type, as mlx does; the codes come
-// from the unrounded values).
+// Quantizes a row of `cols` floats as mlx's quantize does on the GPU (Metal and CUDA kernels, what
+// mlx-lm's convert runs by default): per group, the range [min(min, ...), max(0, max)] maps to codes
+// 0 .. 2^bits - 1 with the larger-magnitude extreme kept exact as the bias; rounding is half away
+// from zero. Scales and biases come back in f32: callers store them rounded to the weight's type,
+// as mlx does, while the codes come from the unrounded values. (mlx's CPU kernel starts the max at
+// -inf and rounds halves to even: it differs in all-negative groups and at exact ties.)
 void quantize_row(const float* w, int64_t cols, int bits, int group_size, uint8_t* packed, float* scales,
                   float* biases);
 

@@ -41,8 +41,10 @@ for config in "$@"; do
   base_mib=$(device_peak_mib "$root/tests/fixtures/q4g64_qwen3_5_dense")
   echo "{\"peak_memory_bytes\": $(( (gpu_mib - base_mib) * 1048576 ))}" > "$out/bench-$name-q4-memory.json"
   # host resident memory of the CPU backend running the quantized model (weights mapped in place)
-  rss_kb=$( { /usr/bin/time -f '%M' "$kiln" logits "$scratch/q4" --ids 1,2,3 --out "$scratch/l.npy" --device cpu \
-    > /dev/null 2> "$scratch/time.err"; } ; tail -1 "$scratch/time.err")
+  rss_kb=$(python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' \
+    "$kiln" logits "$scratch/q4" --ids 1,2,3 --out "$scratch/l.npy" --device cpu)
   python3 - "$out" "$name" "$files" "$rss_kb" <<'PY'
 import json, sys
 out, name, files, rss_kb = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]

@@ -76,23 +76,6 @@ __device__ __forceinline__ void load_chunk(const uint32_t* p, uint32_t (&w)[BITS
   }
 }
 
-// Code i (0..31) of a chunk: bits [i·BITS, (i+1)·BITS) of the little-endian stream.
-template <int BITS>
-__device__ __forceinline__ float code(const uint32_t (&w)[BITS], int i) {
-  const int pos = i * BITS, word = pos / 32, shift = pos % 32;
-  uint32_t v = w[word] >> shift;
-  if (shift + BITS > 32) v |= w[word + 1] << (32 - shift);
-  return float(v & ((1u << BITS) - 1u));
-}
-
-template <int BITS>
-__device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {
-  uint32_t w[BITS];
-  load_chunk<BITS>(p, w);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) q[i] = code<BITS>(w, i);
-}
-
 // Calls f(std::integral_constant<int, BITS>) for a runtime width.
 template <typename F>
 __device__ __forceinline__ void with_bits(int bits, F&& f) {
@@ -162,6 +145,18 @@ struct ChunkCodes {
     }
   }
 };
+
+// The 32 codes of a chunk as exact floats, through ChunkCodes' mantissa placement (one FMA each
+// instead of an integer conversion): q = kScale · f − kScale / 2.
+template <int BITS>
+__device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {
+  uint32_t words[BITS];
+  load_chunk<BITS>(p, words);
+  ChunkCodes<BITS> codes;
+  codes.unpack(words);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) q[i] = fmaf(codes.f[i], ChunkCodes<BITS>::kScale, -0.5f * ChunkCodes<BITS>::kScale);
+}
 
 template <int BITS, int M, typename O>
 __global__ void __launch_bounds__(kWarps * 32)

@@ -9,6 +9,7 @@
 // the block); see cuda_backend.cpp for the sizes.
 // Experts: the routed (token, slot) pairs run as GEMVs over the chosen expert's packed rows, as the
 // bf16 expert path does.
+#include <algorithm>
 #include <cassert>
 #include <type_traits>
 
@@ -421,10 +422,17 @@ void host_with_bits(int bits, F&& f) {
 
 void quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream) {
   const int64_t m = x.rows(), n = w.rows();
-  assert(m >= 1 && m <= 8 && x.dtype() == DType::bf16);
+  assert(m >= 1 && x.dtype() == DType::bf16);
   const int64_t ldo = out.cols() == n ? out.row_stride() : n;
   const QView v = view_of(w);
-  host_with_bits(v.bits, [&](auto tag) { gemv_rows<decltype(tag)::value>(m, v, x, out, ldo, stream); });
+  // eight input rows per pass over the weights
+  for (int64_t r0 = 0; r0 < m; r0 += 8) {
+    const int64_t rows = std::min<int64_t>(8, m - r0);
+    const Tensor xs = x.rows_view(r0, rows);
+    char* base = static_cast<char*>(out.data()) + size_t(r0 * ldo) * dtype_size(out.dtype());
+    Tensor os(out.dtype(), Shape{rows, n}, base, out.owner(), out.device(), ldo);
+    host_with_bits(v.bits, [&](auto tag) { gemv_rows<decltype(tag)::value>(rows, v, xs, os, ldo, stream); });
+  }
 }
 
 void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream) {

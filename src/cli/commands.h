@@ -26,6 +26,7 @@ using Action = std::function<Status()>;
 
 void add_logits_command(CLI::App& app, Action& action);
 void add_synth_model_command(CLI::App& app, Action& action);
+void add_quantize_command(CLI::App& app, Action& action);
 void add_bench_command(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
 void add_generate_command(CLI::App& app, Action& action);

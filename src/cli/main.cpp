@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   kiln::cli::Action action;
   kiln::cli::add_logits_command(app, action);
   kiln::cli::add_synth_model_command(app, action);
+  kiln::cli::add_quantize_command(app, action);
   kiln::cli::add_bench_command(app, action);
   kiln::cli::add_tokenize_command(app, action);
   kiln::cli::add_template_command(app, action);

@@ -17,6 +17,8 @@ namespace kiln {
 
 enum class Device : uint8_t { cpu, cuda };
 
+struct QuantParams;
+
 class Shape {
  public:
   static constexpr int kMaxRank = 5;
@@ -74,7 +76,21 @@ class Tensor {
   int64_t rows() const { return cols() ? numel() / cols() : 0; }
   int64_t row_stride() const { return row_stride_; }
   bool contiguous() const { return row_stride_ == cols() || rows() <= 1; }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  // Bytes of the data (for a quantized matrix: of its packed codes).
+  size_t nbytes() const;
+  // Bytes the tensor occupies, a quantized matrix's scales and biases included.
+  size_t stored_bytes() const;
+
+  // A quantized matrix (or stack of matrices) in MLX's affine format: the shape is the
+  // dequantized [..., out, in], data() holds the packed u32 codes, quant() the rest
+  // (src/quant/affine.h). Backends compute on the packed codes.
+  bool quantized() const { return quant_ != nullptr; }
+  const QuantParams& quant() const { return *quant_; }
+  Tensor with_quant(std::shared_ptr<const QuantParams> quant) const {
+    Tensor t = *this;
+    t.quant_ = std::move(quant);
+    return t;
+  }
 
   void* data() const { return data_; }
   template <typename T>
@@ -98,7 +114,26 @@ class Tensor {
   std::shared_ptr<void> owner_;
   Device device_ = Device::cpu;
   int64_t row_stride_ = 0;
+  std::shared_ptr<const QuantParams> quant_;
 };
+
+// Affine group quantization: w = scale · q + bias, one scale and bias per `group_size`
+// consecutive elements of a row, q an unsigned `bits`-bit code.
+struct QuantParams {
+  int bits = 4;
+  int group_size = 64;
+  Tensor scales;  // [..., out, in / group_size], f32, bf16 or f16
+  Tensor biases;  // same shape and type
+};
+
+inline size_t Tensor::nbytes() const {
+  if (quant_) return size_t(numel()) * size_t(quant_->bits) / 8;
+  return size_t(numel()) * dtype_size(dtype_);
+}
+
+inline size_t Tensor::stored_bytes() const {
+  return nbytes() + (quant_ ? quant_->scales.nbytes() + quant_->biases.nbytes() : 0);
+}
 
 // Host memory, owned by the returned tensor.
 Tensor host_tensor(DType dtype, Shape shape);

@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/quantization.h"
 #include "io/safetensors.h"
 
 namespace kiln {
@@ -39,6 +40,9 @@ class WeightStore {
   // True when the names were stored under mlx-lm's "language_model.model." prefix.
   bool mlx_prefixed() const { return mlx_prefixed_; }
   size_t total_bytes() const { return total_bytes_; }
+  // Which modules are quantized, from config.json (set by whoever read it).
+  const QuantizationConfig& quantization() const { return quantization_; }
+  void set_quantization(QuantizationConfig q) { quantization_ = std::move(q); }
 
  private:
   struct Entry {
@@ -50,6 +54,7 @@ class WeightStore {
   std::string dir_;
   bool mlx_prefixed_ = false;
   size_t total_bytes_ = 0;
+  QuantizationConfig quantization_;
 };
 
 }  // namespace kiln

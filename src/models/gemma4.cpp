@@ -376,12 +376,12 @@ Result<std::unique_ptr<SequenceState>> Gemma4Model::new_sequence(int64_t max_con
 size_t Gemma4Model::decode_bytes(int64_t context, int64_t batch) const {
   const Gemma4Config& c = config_;
   size_t bytes = 0;
-  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.nbytes() : 0; };
+  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.stored_bytes() : 0; };
   // the embedding lookups read one row per token; a tied head reads the whole table
   const size_t act = dtype_size(backend_.activation_dtype());
-  bytes += size_t(batch) * size_t(c.hidden_size) * dtype_size(embed_tokens.dtype());
+  bytes += size_t(batch) * embed_tokens.stored_bytes() / size_t(embed_tokens.dim(0));
   if (c.hidden_size_per_layer_input > 0) {
-    bytes += size_t(batch) * size_t(embed_tokens_per_layer.cols()) * dtype_size(embed_tokens_per_layer.dtype());
+    bytes += size_t(batch) * embed_tokens_per_layer.stored_bytes() / size_t(embed_tokens_per_layer.dim(0));
     add(per_layer_model_projection);
     add(per_layer_projection_norm);
   }
@@ -416,7 +416,8 @@ size_t Gemma4Model::decode_bytes(int64_t context, int64_t batch) const {
     if (c.enable_moe_block) {  // only the routed experts are read
       const int64_t routed = std::min(c.num_experts, batch * c.top_k_experts);
       const size_t per_expert =
-          (w.experts.gate.nbytes() + w.experts.up.nbytes() + w.experts.down.nbytes()) / size_t(c.num_experts);
+          (w.experts.gate.stored_bytes() + w.experts.up.stored_bytes() + w.experts.down.stored_bytes()) /
+          size_t(c.num_experts);
       bytes += size_t(routed) * per_expert;
     }
     // keys and values in view of each query

@@ -17,7 +17,9 @@ class WeightLoader {
   Backend& backend() { return backend_; }
   bool has(const std::string& name) const { return store_.has(name); }
 
-  // A matrix (or stack of matrices) in the backend's matrix type.
+  // A matrix (or stack of matrices) in the backend's matrix type; `shape` is its dequantized shape.
+  // A module the checkpoint stores quantized (name.scales and name.biases beside a packed
+  // name.weight, as config.json's quantization describes) stays quantized on the backend.
   Result<Tensor> matrix(const std::string& name, const Shape& shape);
   // A small tensor (norm weights, scales) kept in f32.
   Result<Tensor> vector(const std::string& name, const Shape& shape);
@@ -27,6 +29,8 @@ class WeightLoader {
   Result<Tensor> host_f32(const std::string& name, const Shape& shape);
 
  private:
+  Result<Tensor> quantized_matrix(const std::string& module, const Shape& shape);
+
   const WeightStore& store_;
   Backend& backend_;
 };

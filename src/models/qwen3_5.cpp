@@ -286,9 +286,9 @@ Result<std::unique_ptr<SequenceState>> Qwen35Model::new_sequence(int64_t max_con
 size_t Qwen35Model::decode_bytes(int64_t context, int64_t batch) const {
   const Qwen35Config& c = config_;
   size_t bytes = 0;
-  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.nbytes() : 0; };
+  auto add = [&](const Tensor& t) { bytes += t.defined() ? t.stored_bytes() : 0; };
   const size_t act = dtype_size(backend_.activation_dtype());
-  bytes += size_t(batch) * size_t(c.hidden_size) * dtype_size(embed_tokens.dtype());  // one row per token
+  bytes += size_t(batch) * embed_tokens.stored_bytes() / size_t(embed_tokens.dim(0));  // one row per token
   add(norm_weight);
   add(lm_head);
   for (const Qwen35Layer& w : layers_) {
@@ -321,7 +321,8 @@ size_t Qwen35Model::decode_bytes(int64_t context, int64_t batch) const {
     if (c.num_experts > 0) {
       const int64_t routed = std::min(c.num_experts, batch * c.num_experts_per_tok);
       const size_t per_expert =
-          (w.experts.gate.nbytes() + w.experts.up.nbytes() + w.experts.down.nbytes()) / size_t(c.num_experts);
+          (w.experts.gate.stored_bytes() + w.experts.up.stored_bytes() + w.experts.down.stored_bytes()) /
+          size_t(c.num_experts);
       bytes += size_t(routed) * per_expert;
     }
     if (w.linear) {  // the f32 state is read and written, the conv state too

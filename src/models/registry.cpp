@@ -83,6 +83,11 @@ Result<std::unique_ptr<Model>> load_model_unchecked(const std::string& model_dir
     return make_error("unsupported model_type '{}' in {} (supported: {})", config.model_type, config.path, known);
   }
   KILN_ASSIGN(WeightStore weights, WeightStore::open(model_dir));
+  KILN_ASSIGN(QuantizationConfig quantization, QuantizationConfig::parse(config.text, config.path));
+  if (quantization.present())
+    spdlog::info("{}: MLX affine quantization, {} bits in groups of {} ({} per-module settings); weights stay packed",
+                 model_dir, quantization.bits(), quantization.group_size(), quantization.overrides().size());
+  weights.set_quantization(std::move(quantization));
   KILN_ASSIGN(auto model, it->second(config, weights, backend, options));
   auto unused = weights.unused();
   if (!unused.empty())

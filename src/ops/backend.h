@@ -50,6 +50,9 @@ class Backend {
   virtual Tensor alloc(DType dtype, Shape shape) = 0;
   // A copy of a host tensor on this device, converted to `dtype` (f32, f16 or bf16 sources).
   virtual Tensor upload(const Tensor& host, DType dtype) = 0;
+  // A quantized host matrix (Tensor::quantized) on this device, still packed: the matrix ops read
+  // its codes, scales and biases directly.
+  virtual Tensor upload_quantized(const Tensor& host) = 0;
   // A host copy of a device tensor, converted to f32 when it holds floats.
   virtual Tensor to_host(const Tensor& t) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape, row-strided allowed
@@ -72,7 +75,8 @@ class Backend {
   // results meaningless; ok while none happened.
   virtual Status status() const { return ok_status(); }
 
-  // Linear algebra and elementwise ops.
+  // Linear algebra and elementwise ops. A weight w (and an embedding table, and the expert stacks
+  // of moe_experts) may be quantized: the backend then computes on the packed codes.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;  // out = x · wᵀ
   // Several products of one input (a layer's q/k/v projections); a backend may run them as one
   // launch. The default runs them one by one.

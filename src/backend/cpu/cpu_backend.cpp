@@ -168,6 +168,7 @@ void CpuBackend::fill(Tensor& t, float value) {
 }
 
 void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  if (w.quantized()) return quantized_matmul(x, w, out);
   const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
   // out is [m, n]: either its own last dim is n (row-strided allowed), or it is contiguous
   const int64_t ldc = out.cols() == n ? out.row_stride() : n;
@@ -179,6 +180,7 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
 }
 
 void CpuBackend::embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) {
+  if (table.quantized()) return quantized_embed(ids, table, scale, out);
   const int64_t n = ids.numel(), dim = table.cols(), vocab = table.dim(0);
   const int32_t* id = ids.data_as<int32_t>();
   pool_.parallel_for(

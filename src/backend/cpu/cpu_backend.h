@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
 
   Tensor alloc(DType dtype, Shape shape) override;
   Tensor upload(const Tensor& host, DType dtype) override;
+  Tensor upload_quantized(const Tensor& host) override { return host; }  // read in place
   Tensor to_host(const Tensor& t) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& t, float value) override;
@@ -59,6 +60,10 @@ class CpuBackend final : public Backend {
   ThreadPool& pool() { return pool_; }
 
  private:
+  // cpu_quant.cpp: the products and lookups of quantized weights
+  void quantized_matmul(const Tensor& x, const Tensor& w, Tensor& out);
+  void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out);
+
   // Under bf16 emulation: rounds t to bf16 if it lives in memory allocated as bf16.
   void finish(const Tensor& t);
 

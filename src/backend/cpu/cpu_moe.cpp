@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_math.h"
+#include "quant/affine.h"
 
 namespace kiln {
 
@@ -44,6 +45,20 @@ void CpuBackend::moe_route(const MoeRouteArgs& args) {
   });
 }
 
+namespace {
+
+// Expert e's [rows, cols] matrix of a stack: in place, or dequantized into `scratch` when the stack
+// is quantized (one expert at a time, never the whole stack).
+const float* expert_matrix(const Tensor& stack, int64_t e, std::vector<float>& scratch) {
+  const int64_t rows = stack.dim(1), cols = stack.dim(2);
+  if (!stack.quantized()) return stack.data_as<float>() + e * rows * cols;
+  scratch.resize(size_t(rows * cols));
+  quant::dequantize_rows(stack, e * rows, rows, scratch.data());
+  return scratch.data();
+}
+
+}  // namespace
+
 void CpuBackend::moe_experts(const MoeExpertsArgs& args) {
   const int64_t n_tokens = args.x.rows(), hidden = args.x.cols();
   const int64_t n_experts = args.gate.dim(0), inter = args.gate.dim(1);
@@ -58,7 +73,7 @@ void CpuBackend::moe_experts(const MoeExpertsArgs& args) {
 
   for (int64_t r = 0; r < n_tokens; ++r) std::fill(row_ptr(args.out, r), row_ptr(args.out, r) + hidden, 0.0f);
 
-  std::vector<float> xs, g, u, d;
+  std::vector<float> xs, g, u, d, gate_scratch, up_scratch, down_scratch;
   for (int64_t e = 0; e < n_experts; ++e) {  // ascending expert order, as the reference accumulates
     const auto& picks = routed[size_t(e)];
     const int64_t m = int64_t(picks.size());
@@ -68,9 +83,9 @@ void CpuBackend::moe_experts(const MoeExpertsArgs& args) {
     g.resize(size_t(m * inter));
     u.resize(size_t(m * inter));
     d.resize(size_t(m * hidden));
-    const float* wg = args.gate.data_as<float>() + e * inter * hidden;
-    const float* wu = args.up.data_as<float>() + e * inter * hidden;
-    const float* wd = args.down.data_as<float>() + e * hidden * inter;
+    const float* wg = expert_matrix(args.gate, e, gate_scratch);
+    const float* wu = expert_matrix(args.up, e, up_scratch);
+    const float* wd = expert_matrix(args.down, e, down_scratch);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(inter), int(hidden), 1.0f, xs.data(), int(hidden),
                 wg, int(hidden), 0.0f, g.data(), int(inter));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(inter), int(hidden), 1.0f, xs.data(), int(hidden),

@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
+#include "quant/affine.h"
 
 namespace kiln {
 
@@ -152,6 +153,19 @@ class CudaBackend final : public Backend {
       check(cudaStreamSynchronize(stream_), "upload");  // `staged` dies here
     }
     return out;
+  }
+
+  // Packed codes as they are; scales and biases in bf16, which the quantized kernels read.
+  Tensor upload_quantized(const Tensor& host) override {
+    if (host.device() == Device::cuda) return host;
+    const QuantParams& q = host.quant();
+    Shape packed_shape = host.shape();
+    packed_shape[-1] = host.cols() * q.bits / 32;
+    Tensor packed = alloc(DType::u32, packed_shape);
+    check(cudaMemcpyAsync(packed.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_), "upload");
+    check(cudaStreamSynchronize(stream_), "upload");
+    return quant::make_quantized(packed, upload(q.scales, DType::bf16), upload(q.biases, DType::bf16), host.shape(),
+                                 q.bits, q.group_size);
   }
 
   Tensor to_host(const Tensor& t) override {
@@ -305,6 +319,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+    if (w.quantized()) return quantized_matmul(x, w, out);
     OpTimer timed(this, "matmul");
     const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
     if (m == 0) return;
@@ -353,6 +368,10 @@ class CudaBackend final : public Backend {
   }
   void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {
     OpTimer timed(this, "embed");
+    if (table.quantized()) {
+      cuda::quantized_embed(ids, table, scale, out, stream_);
+      return after_launch("quantized_embed");
+    }
     cuda::embed(ids, table, scale, out, stream_);
     after_launch("embed");
   }
@@ -458,12 +477,57 @@ class CudaBackend final : public Backend {
   }
   void moe_experts(const MoeExpertsArgs& args) override {
     OpTimer timed(this, "moe_experts");
+    if (args.gate.quantized() || args.up.quantized() || args.down.quantized()) {
+      cuda::quantized_moe_experts(
+          args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
+      return after_launch("quantized_moe_experts");
+    }
     cuda::moe_experts(
         args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("moe_experts");
   }
 
  private:
+  // A product with a quantized weight: the fused GEMV (one pass over the packed weights per 8 rows)
+  // up to kGemvRows rows; beyond that, blocks of weight rows dequantized to bf16 scratch and
+  // multiplied by cuBLAS. A block holds at most kDequantBlock elements (64 Mi, 128 MiB), so scratch
+  // never grows with the model. Per weight the GEMV reads ~0.56 bytes (4 bits) per pass, the
+  // dequantized product ~0.56 + 2 written + 2 read: passes of the GEMV stay cheaper up to ~8 of
+  // them, and at prefill sizes the product dominates either way.
+  void quantized_matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+    OpTimer timed(this, "qmatmul");
+    const int64_t m = x.rows(), k = x.cols(), n = w.rows();
+    if (m == 0) return;
+    Tensor input = x;
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && x.row_stride() % 8 == 0;
+    if (x.dtype() != DType::bf16 || !aligned) {
+      input = alloc(DType::bf16, Shape{m, k});
+      cuda::convert(x, input, stream_);
+    }
+    if (m <= kGemvRows) {
+      cuda::quantized_gemv(input, w, out, stream_);
+      return after_launch("quantized_gemv");
+    }
+    const int64_t ldc = out.cols() == n ? out.row_stride() : n;
+    const int64_t block = std::min(n, std::max<int64_t>(64, kDequantBlock / k));
+    Tensor scratch = alloc(DType::bf16, Shape{block, k});
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int64_t n0 = 0; n0 < n; n0 += block) {
+      const int64_t count = std::min(block, n - n0);
+      cuda::dequantize_rows(w, n0, count, scratch, stream_);
+      after_launch("dequantize_rows");
+      char* dst = static_cast<char*>(out.data()) + size_t(n0) * dtype_size(out.dtype());
+      cublasStatus_t st = cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(count), int(m), int(k), &alpha,
+                                       scratch.data(), CUDA_R_16BF, int(k), input.data(), CUDA_R_16BF,
+                                       int(input.row_stride()), &beta, dst, cuda_type(out.dtype()), int(ldc),
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        record(fmt::format("cublasGemmEx failed ({}) for {}x{}x{}", int(st), m, count, k));
+    }
+  }
+  static constexpr int64_t kDequantBlock = int64_t(64) << 20;
+  static constexpr int64_t kGemvRows = 32;
+
   void record(const std::string& message) {
     std::lock_guard<std::mutex> lock(error_mutex_);
     if (first_error_.empty()) first_error_ = message;

@@ -51,4 +51,14 @@ void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream);
 void moe_route(const MoeRouteArgs& args, cudaStream_t stream);
 void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
 
+// cuda_quant.cu: quantized weights (MLX affine, src/quant/affine.h), scales and biases in bf16.
+// out[m, n] = x[m, k] · dequant(w)[n, k]ᵀ, one pass over the weights per 8 rows of x (bf16, 16-byte
+// aligned rows)
+void quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream);
+// rows [row_begin, row_begin + n_rows) of w, dequantized into out (bf16, [n_rows, k] contiguous)
+void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream);
+void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream);
+// experts whose stacks are quantized (any of them; the others bf16)
+void quantized_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
+
 }  // namespace kiln::cuda

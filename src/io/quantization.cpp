@@ -1,0 +1,61 @@
+#include "io/quantization.h"
+
+#include "io/weights.h"
+
+namespace kiln {
+
+namespace {
+
+Result<int> read_int(const nlohmann::json& j, const char* key, int fallback, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number_integer()) return make_error("{}: '{}' must be an integer, got {}", where, key, j[key].dump());
+  return j[key].get<int>();
+}
+
+}  // namespace
+
+Result<QuantizationConfig> QuantizationConfig::parse(const nlohmann::json& config, const std::string& where) {
+  QuantizationConfig q;
+  const char* key = config.contains("quantization") ? "quantization" : "quantization_config";
+  if (!config.contains(key) || config[key].is_null()) return q;
+  const nlohmann::json& block = config[key];
+  const std::string here = where + " " + key;
+  if (!block.is_object()) return make_error("{} must be an object", here);
+  // other tools' blocks (GPTQ, AWQ, bitsandbytes, compressed-tensors) name their method; mlx-lm's do not
+  if (block.contains("quant_method") && block["quant_method"] != "mlx")
+    return make_error("{}: quant_method {} is not supported (kiln reads MLX's affine quantization)", here,
+                      block["quant_method"].dump());
+  const std::string mode =
+      block.contains("mode") && block["mode"].is_string() ? block["mode"].get<std::string>() : "affine";
+  if (mode != "affine") return make_error("{}: mode '{}' is not supported (affine)", here, mode);
+  q.present_ = true;
+  KILN_ASSIGN(q.bits_, read_int(block, "bits", 4, here));
+  KILN_ASSIGN(q.group_size_, read_int(block, "group_size", 64, here));
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    const nlohmann::json& v = it.value();
+    if (!v.is_object() && !v.is_boolean()) continue;  // the defaults and other settings
+    QuantSpec spec;
+    if (v.is_boolean()) {
+      spec = QuantSpec{.quantized = v.get<bool>(), .bits = q.bits_, .group_size = q.group_size_};
+    } else {
+      const std::string at = here + "." + it.key();
+      const std::string m = v.contains("mode") && v["mode"].is_string() ? v["mode"].get<std::string>() : "affine";
+      if (m != "affine") return make_error("{}: mode '{}' is not supported (affine)", at, m);
+      spec.quantized = true;
+      KILN_ASSIGN(spec.bits, read_int(v, "bits", q.bits_, at));
+      KILN_ASSIGN(spec.group_size, read_int(v, "group_size", q.group_size_, at));
+    }
+    const std::string canonical = canonical_weight_name(it.key());
+    if (!canonical.empty()) q.overrides_[canonical] = spec;
+  }
+  return q;
+}
+
+QuantSpec QuantizationConfig::module(const std::string& canonical_module) const {
+  if (!present_) return QuantSpec{};
+  auto it = overrides_.find(canonical_module);
+  if (it != overrides_.end()) return it->second;
+  return QuantSpec{.quantized = true, .bits = bits_, .group_size = group_size_};
+}
+
+}  // namespace kiln

@@ -177,7 +177,7 @@ class GemmaArguments {
   void skip_space() {
     while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
   }
-  const std::string& s_;
+  std::string s_;
   size_t i_ = 0;
   int depth_ = 0;
 };
@@ -261,6 +261,8 @@ OutputDelta OutputParser::finish() {
 void OutputParser::scan(OutputDelta& out, bool final) {
   for (;;) {
     if (mode_ == Mode::content) {
+      while (strip_newlines_ && !buffer_.empty() && buffer_.front() == '\n') buffer_.erase(buffer_.begin());
+      if (!buffer_.empty()) strip_newlines_ = false;
       size_t best = std::string::npos;
       const std::string* marker = nullptr;
       for (const std::string* m : {&format_.think_open, &format_.call_open}) {
@@ -287,7 +289,7 @@ void OutputParser::scan(OutputDelta& out, bool final) {
         out.reasoning += buffer_.substr(0, p);
         buffer_.erase(0, p + format_.think_close.size());
         // the answer starts after the blank line that follows the reasoning
-        while (!buffer_.empty() && buffer_.front() == '\n') buffer_.erase(buffer_.begin());
+        strip_newlines_ = true;
         mode_ = Mode::content;
         continue;
       }

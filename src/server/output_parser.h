@@ -64,6 +64,7 @@ class OutputParser {
   Mode mode_ = Mode::content;
   std::string buffer_;
   std::string call_;
+  bool strip_newlines_ = false;  // after the reasoning, until the answer starts
 };
 
 // The body of one tool call (between its markers) as a name and JSON arguments.

@@ -5,8 +5,10 @@
 // --grace seconds); a second cancels them. Prints "kiln: listening on http://HOST:PORT" once
 // ready.
 #include <fmt/format.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <thread>
@@ -30,6 +32,23 @@ struct ServeOptions {
   RunOptions run;
 };
 
+// SIGINT/SIGTERM reach the server through a pipe: the handler only writes a byte (any thread may
+// receive the signal, the BLAS library's included), and a thread of ours reads it.
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int) {
+  const char byte = 1;
+  [[maybe_unused]] ssize_t n = write(signal_pipe[1], &byte, 1);
+}
+
+// Waits for a byte on the signal pipe for at most `timeout_ms` (-1: no limit).
+bool wait_for_signal(int timeout_ms) {
+  pollfd p{.fd = signal_pipe[0], .events = POLLIN, .revents = 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return false;
+  char byte;
+  return read(signal_pipe[0], &byte, 1) == 1;
+}
+
 // The model directory to serve: the one given, else the bundled default.
 Result<std::string> resolve_model_dir(const std::string& given) {
   if (!given.empty()) return given;
@@ -38,12 +57,12 @@ Result<std::string> resolve_model_dir(const std::string& given) {
 
 Status serve(ServeOptions o) {
   KILN_ASSIGN(const std::string model_dir, resolve_model_dir(o.model_dir));
-  // signals go to one thread that waits for them (blocked before any other thread starts)
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (pipe(signal_pipe) != 0) return make_error("cannot create the signal pipe");
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 
   KILN_ASSIGN(auto backend, make_backend(o.run));
   server::ServedModel served;
@@ -73,25 +92,21 @@ Status serve(ServeOptions o) {
   std::fflush(stdout);
 
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (sig != SIGINT && sig != SIGTERM) return;
-    spdlog::warn("signal {}: finishing the requests in flight (again to cancel them)", sig);
-    std::thread canceller([&] {
-      timespec grace{.tv_sec = o.grace_seconds, .tv_nsec = 0};
-      siginfo_t info;
-      sigtimedwait(&signals, &info, &grace);  // a second signal, or the grace period over
-      scheduler->shutdown(false);
+    while (!wait_for_signal(-1)) {
+    }
+    spdlog::warn("stopping: finishing the requests in flight (signal again to cancel them)");
+    std::thread drain([&] {
+      scheduler->shutdown(true);
+      http->stop();
+      on_stop_signal(0);  // done: wake the waiter below
     });
-    scheduler->shutdown(true);
-    http->stop();
-    pthread_kill(canceller.native_handle(), SIGTERM);  // wakes it if still waiting
-    canceller.join();
+    // a second signal, or the grace period over, cancels what still runs
+    wait_for_signal(o.grace_seconds * 1000);
+    scheduler->shutdown(false);
+    drain.join();
   });
   Status status = http->listen();
-  if (!status) {
-    pthread_kill(waiter.native_handle(), SIGTERM);
-  }
+  if (!status) on_stop_signal(0);
   waiter.join();
   KILN_TRY(status);
   return backend->status();

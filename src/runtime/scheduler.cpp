@@ -125,11 +125,14 @@ Result<std::shared_ptr<Generation>> Scheduler::submit(GenerationParams params) {
 void Scheduler::shutdown(bool finish_running) {
   {
     std::lock_guard lock(mutex_);
-    if (!stopping_) drain_ = finish_running;
+    // a later call may turn finishing into cancelling, never the reverse
+    drain_ = stopping_ ? drain_ && finish_running : finish_running;
     stopping_ = true;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  std::call_once(joined_, [&] {
+    if (thread_.joinable()) thread_.join();
+  });
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -145,6 +145,7 @@ class Scheduler {
   bool stopping_ = false;
   bool drain_ = false;
   std::thread thread_;
+  std::once_flag joined_;
 
   mutable std::mutex stats_mutex_;
   SchedulerStats stats_;

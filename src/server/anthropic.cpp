@@ -21,7 +21,7 @@ std::string block_text(const json& content) {
   std::string text;
   if (content.is_array())
     for (const auto& b : content)
-      if (b.is_object() && b.value("type", "") == "text" && b.contains("text") && b["text"].is_string())
+      if (b.is_object() && string_field(b, "type") == "text" && b.contains("text") && b["text"].is_string())
         text += b["text"].get<std::string>();
   return text;
 }
@@ -65,12 +65,12 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
         if (!b.contains("name") || !b["name"].is_string())
           return ApiError{.message = "a tool_use block needs a name", .param = param + ".content"};
         const json input = b.contains("input") && b["input"].is_object() ? b["input"] : json::object();
-        calls.push_back({{"id", b.value("id", "")},
+        calls.push_back({{"id", string_field(b, "id")},
                          {"type", "function"},
                          {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
       } else if (type == "tool_result" && role == "user") {
         out.push_back({{"role", "tool"},
-                       {"tool_call_id", b.value("tool_use_id", "")},
+                       {"tool_call_id", string_field(b, "tool_use_id")},
                        {"content", block_text(b.contains("content") ? b["content"] : json(""))}});
       } else {
         return ApiError{.message = fmt::format("content blocks of type '{}' are not supported here", type),
@@ -140,9 +140,9 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   const json* tools = fields.array("tools");
   json kwargs = json::object();
   if (const json* thinking = fields.object("thinking"))
-    kwargs["enable_thinking"] = thinking->value("type", "") == "enabled";
+    kwargs["enable_thinking"] = string_field(*thinking, "type") == "enabled";
   if (const json* choice = fields.object("tool_choice"))
-    if (choice->value("type", "") == "none") tools = nullptr;
+    if (string_field(*choice, "type") == "none") tools = nullptr;
   json openai_tools = json::array();
   if (tools) {
     for (const auto& t : *tools) {
@@ -153,7 +153,7 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
       openai_tools.push_back({{"type", "function"},
                               {"function",
                                {{"name", t["name"]},
-                                {"description", t.value("description", "")},
+                                {"description", string_field(t, "description")},
                                 {"parameters", t.contains("input_schema") ? t["input_schema"] : json::object()}}}});
     }
   }

@@ -1,5 +1,7 @@
 #include "server/output_parser.h"
 
+#include "server/request_fields.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -29,14 +31,14 @@ std::string argument_type(const json& tools, const std::string& function, const 
   if (!tools.is_array()) return "";
   for (const auto& tool : tools) {
     const json& f = tool.contains("function") ? tool["function"] : tool;
-    if (!f.is_object() || f.value("name", "") != function) continue;
+    if (!f.is_object() || string_field(f, "name") != function) continue;
     const json* schema = f.contains("parameters")     ? &f["parameters"]
                          : f.contains("input_schema") ? &f["input_schema"]
                                                       : nullptr;
     if (!schema || !schema->is_object() || !schema->contains("properties")) return "";
     const json& props = (*schema)["properties"];
     if (props.is_object() && props.contains(argument) && props[argument].is_object())
-      return props[argument].value("type", "");
+      return string_field(props[argument], "type");
     return "";
   }
   return "";

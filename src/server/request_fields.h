@@ -18,6 +18,13 @@ struct ApiError {
   std::string code;   // e.g. "model_not_found", "context_length_exceeded"
 };
 
+// j[key] when j is an object holding a string there, else "" (never throws).
+inline std::string string_field(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return "";
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 class RequestFields {
  public:
   explicit RequestFields(const nlohmann::json& body) : body_(body) {}

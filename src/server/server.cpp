@@ -31,14 +31,50 @@ void respond_events(httplib::Response& res, EventSource source) {
       if (!sink.write(data.data(), data.size())) broken = true;
       return !broken;
     };
-    const bool more = source(send);
+    bool more = false;
+    try {
+      more = source(send);
+    } catch (const std::exception& e) {
+      // never let a failure in one stream take the server down: end this response
+      spdlog::error("a streamed response failed: {}", e.what());
+      return false;
+    }
     if (broken) return false;  // the client has gone: drop the connection
     if (!more) sink.done();
     return true;
   });
 }
 
+namespace {
+
+// The deepest nesting of arrays and objects in a JSON text (strings skipped), found without
+// recursion: deeply nested input is refused before anything walks it recursively.
+int nesting_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+constexpr int kMaxNesting = 64;
+
+}  // namespace
+
 std::variant<json, ApiError> parse_body(const httplib::Request& req) {
+  if (nesting_depth(req.body) > kMaxNesting)
+    return ApiError{.message = fmt::format("the request body nests deeper than {} levels", kMaxNesting)};
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded()) return ApiError{.message = "the request body is not valid JSON", .code = "invalid_json"};
   return body;

@@ -91,7 +91,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
         } else if (f.contains("arguments") && f["arguments"].is_object()) {
           args = f["arguments"];
         }
-        const std::string id = call.value("id", "");
+        const std::string id = string_field(call, "id");
         call_names[id] = f["name"].get<std::string>();
         calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", f["name"]}, {"arguments", args}}}});
       }

@@ -67,8 +67,8 @@ std::unique_ptr<httplib::Client> client(const std::string& url) {
 Run complete(const std::string& url, const std::vector<int32_t>& prompt, int max_tokens) {
   Run run;
   auto c = client(url);
-  json body = {{"prompt", prompt},       {"max_tokens", max_tokens},    {"temperature", 0},
-               {"stream", true},         {"return_token_ids", true},    {"stream_options", {{"include_usage", true}}}};
+  json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+               {"stream", true},   {"return_token_ids", true}, {"stream_options", {{"include_usage", true}}}};
   std::string buffer;
   bool done = false, finished = false;
   int64_t usage_tokens = -1;
@@ -158,7 +158,9 @@ int main(int argc, char** argv) {
   app.add_option("--clients", o.clients, "Concurrent clients")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--requests", o.requests, "Requests per client")->capture_default_str()->check(CLI::Range(1, 1000));
   app.add_option("--prompt-len", o.prompt_len, "Prompt tokens")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-tokens", o.max_tokens, "Tokens per completion")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-tokens", o.max_tokens, "Tokens per completion")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--vocab", o.vocab, "Token ids are drawn below this (default: probed)");
   app.add_option("--second-turn", o.second_turn, "Also time a second chat turn after this many tokens (0: skip)");
   CLI11_PARSE(app, argc, argv);
@@ -180,12 +182,11 @@ int main(int argc, char** argv) {
     }
   }
   const double single_rate = decode_rate(single);
-  std::printf("single stream: %.1f tok/s decode (mean time to first token %.1f ms)\n", single_rate,
-              [&] {
-                double s = 0;
-                for (const auto& r : single) s += r.first_token_s;
-                return 1e3 * s / double(single.size());
-              }());
+  std::printf("single stream: %.1f tok/s decode (mean time to first token %.1f ms)\n", single_rate, [&] {
+    double s = 0;
+    for (const auto& r : single) s += r.first_token_s;
+    return 1e3 * s / double(single.size());
+  }());
 
   // 2. all at once
   std::vector<Run> together(static_cast<size_t>(total));

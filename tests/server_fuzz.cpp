@@ -32,7 +32,8 @@ json valid_request(int endpoint, std::mt19937_64& rng) {
     case 1:
       return json::parse(R"({"prompt":[1,2,3,4],"max_tokens":4,"temperature":0,"stream":false,"seed":3})");
     default:
-      return json::parse(R"({"model":"m","max_tokens":4,"system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]},
+      return json::parse(
+          R"({"model":"m","max_tokens":4,"system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]},
         {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{"a":"b"}}]},
         {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}]})");
   }
@@ -40,15 +41,24 @@ json valid_request(int endpoint, std::mt19937_64& rng) {
 
 json random_value(std::mt19937_64& rng, int depth = 0) {
   switch (rng() % 12) {
-    case 0: return nullptr;
-    case 1: return bool(rng() % 2);
-    case 2: return int64_t(rng());
-    case 3: return -int64_t(rng() % 1000);
-    case 4: return 1e308;
-    case 5: return double(rng() % 1000) / 7.0;
-    case 6: return std::string(rng() % 50, char('a' + rng() % 26));
-    case 7: return "";
-    case 8: return uint64_t(-1);
+    case 0:
+      return nullptr;
+    case 1:
+      return bool(rng() % 2);
+    case 2:
+      return int64_t(rng());
+    case 3:
+      return -int64_t(rng() % 1000);
+    case 4:
+      return 1e308;
+    case 5:
+      return double(rng() % 1000) / 7.0;
+    case 6:
+      return std::string(rng() % 50, char('a' + rng() % 26));
+    case 7:
+      return "";
+    case 8:
+      return uint64_t(-1);
     case 9: {
       json a = json::array();
       if (depth < 4)
@@ -58,10 +68,12 @@ json random_value(std::mt19937_64& rng, int depth = 0) {
     case 10: {
       json o = json::object();
       if (depth < 4)
-        for (int i = int(rng() % 4); i > 0; --i) o[std::string(1, char('a' + rng() % 26))] = random_value(rng, depth + 1);
+        for (int i = int(rng() % 4); i > 0; --i)
+          o[std::string(1, char('a' + rng() % 26))] = random_value(rng, depth + 1);
       return o;
     }
-    default: return "<tool_call><|im_start|><think>";
+    default:
+      return "<tool_call><|im_start|><think>";
   }
 }
 
@@ -94,22 +106,23 @@ std::string mutate(int endpoint, std::mt19937_64& rng) {
   }
   std::string text = body.dump();
   switch (kind) {
-    case 5: return text.substr(0, rng() % text.size());                          // truncated
-    case 6: {                                                                      // invalid UTF-8 in a string
+    case 5:
+      return text.substr(0, rng() % text.size());  // truncated
+    case 6: {                                      // invalid UTF-8 in a string
       const size_t at = text.find("Hi");
       if (at != std::string::npos) text.replace(at, 2, "\xff\xfe\xc3");
       return text;
     }
-    case 7: {                                                                      // deep nesting
+    case 7: {  // deep nesting
       const size_t depth = 10 + rng() % 100000;
       return "{\"messages\":" + std::string(depth, '[') + std::string(depth, ']') + "}";
     }
-    case 8: {                                                                      // random bytes
+    case 8: {  // random bytes
       std::string s(rng() % 300, '\0');
       for (auto& c : s) c = char(rng());
       return s;
     }
-    default: {                                                                     // byte flips
+    default: {  // byte flips
       for (int m = int(rng() % 5) + 1; m > 0; --m) text[rng() % text.size()] = char(rng());
       return text;
     }
@@ -154,14 +167,16 @@ int main(int argc, char** argv) {
           problem = "status " + std::to_string(res->status) + ": " + res->body.substr(0, 200);
         } else if (res->status >= 400) {
           json j = json::parse(res->body, nullptr, false);
-          if (j.is_discarded() || !j.contains("error")) problem = "a 4xx without an error object: " + res->body.substr(0, 200);
+          if (j.is_discarded() || !j.contains("error"))
+            problem = "a 4xx without an error object: " + res->body.substr(0, 200);
         } else if (res->status != 200) {
           problem = "status " + std::to_string(res->status);
         }
         if (!problem.empty()) {
           ++failures;
           std::lock_guard lock(print);
-          std::printf("FAIL %s with body %s: %s\n", kEndpoints[endpoint], json(body.substr(0, 300)).dump(-1, ' ', false, json::error_handler_t::replace).c_str(),
+          std::printf("FAIL %s with body %s: %s\n", kEndpoints[endpoint],
+                      json(body.substr(0, 300)).dump(-1, ' ', false, json::error_handler_t::replace).c_str(),
                       problem.c_str());
         }
       }

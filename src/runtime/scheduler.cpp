@@ -56,6 +56,16 @@ void Generation::finish(FinishReason reason, std::string error) {
   ready_.notify_all();
 }
 
+namespace {
+
+// Greedy without penalties: the next token is the argmax of the logits alone.
+bool plain_greedy(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
+}  // namespace
+
 // A running generation and the sequence state it owns while it runs.
 struct Scheduler::Slot {
   std::unique_ptr<SequenceState> state;
@@ -223,7 +233,23 @@ Status Scheduler::step() {
 
   const auto t0 = Clock::now();
   KILN_ASSIGN(Tensor device_logits, model_.forward(batch, LogitRows::last));
-  const Tensor logits = model_.backend().to_host(device_logits);
+  // when every row that samples is plain greedy, the argmax runs on the device and only the ids
+  // come back (a row of logits is vocab floats; a batch of them costs more to move than to reduce)
+  bool device_argmax = true;
+  for (size_t i = 0; i < owners.size(); ++i) {
+    const Slot& s = *owners[i];
+    const bool samples = s.prefilled + int64_t(batch[i].tokens.size()) >= int64_t(s.params.prompt.size());
+    if (samples && !plain_greedy(s.params.sampling)) device_argmax = false;
+  }
+  Tensor logits, ids;
+  if (device_argmax) {
+    Tensor device_ids = model_.backend().alloc(DType::i32, Shape{int64_t(batch.size())});
+    model_.backend().argmax(device_logits, device_ids);
+    ids = model_.backend().to_host(device_ids);
+  } else {
+    logits = model_.backend().to_host(device_logits);
+  }
+  KILN_TRY(model_.backend().status());
   const int64_t vocab = model_.info().vocab_size;
   int64_t generated = 0, prefilled = 0;
   for (size_t i = 0; i < owners.size(); ++i) {
@@ -241,8 +267,13 @@ Status Scheduler::step() {
       s.generation->prompt_seconds_ = std::chrono::duration<double>(Clock::now() - s.admitted).count();
     }
     if (s.generation->cancelled()) continue;  // freed below
-    const float* row = logits.data_as<float>() + int64_t(i) * vocab;
-    const int32_t token = s.sampler->sample(std::span<const float>(row, size_t(vocab)), s.history);
+    int32_t token = 0;
+    if (device_argmax) {
+      token = ids.data_as<int32_t>()[i];
+    } else {
+      const float* row = logits.data_as<float>() + int64_t(i) * vocab;
+      token = s.sampler->sample(std::span<const float>(row, size_t(vocab)), s.history);
+    }
     const auto& stops = s.params.stop_ids;
     if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
       finish(s, FinishReason::stop);

@@ -56,18 +56,20 @@ GenerationParams greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
   return GenerationParams{.prompt = std::move(prompt), .sampling = {.temperature = 0}, .max_tokens = max_tokens};
 }
 
-class SchedulerBatching : public testing::TestWithParam<std::string> {};
+class SchedulerBatching : public testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(SchedulerBatching, GreedyOutputDoesNotDependOnTheBatch) {
+  const auto [fixture, invariant] = GetParam();
   CpuBackend backend(2);
-  auto model = load(backend, GetParam());
+  auto model = load(backend, fixture);
   ASSERT_TRUE(model);
   const int64_t vocab = model->info().vocab_size;
   constexpr int kRequests = 32;
   // alone, one at a time
   std::vector<std::vector<int32_t>> alone(kRequests);
   {
-    auto s = Scheduler::create(*model, SchedulerOptions{.max_batch = 1, .context = 256, .prefill_chunk = 16});
+    auto s = Scheduler::create(
+        *model, SchedulerOptions{.max_batch = 1, .context = 256, .prefill_chunk = 16, .batch_invariant = invariant});
     ASSERT_TRUE(s.ok()) << s.error().message;
     for (int i = 0; i < kRequests; ++i) {
       auto g = (*s)->submit(greedy(prompt_for(i, vocab, 5 + (i * 7) % 40), 12));
@@ -80,7 +82,8 @@ TEST_P(SchedulerBatching, GreedyOutputDoesNotDependOnTheBatch) {
   EXPECT_GT(distinct.size(), size_t(kRequests / 2)) << "the outputs are too alike to tell batches apart";
   // together: staggered arrivals join a running batch, prompts are prefilled in chunks between
   // decode steps
-  auto s = Scheduler::create(*model, SchedulerOptions{.max_batch = 32, .context = 256, .prefill_chunk = 16});
+  auto s = Scheduler::create(
+      *model, SchedulerOptions{.max_batch = 32, .context = 256, .prefill_chunk = 16, .batch_invariant = invariant});
   ASSERT_TRUE(s.ok());
   std::vector<std::shared_ptr<Generation>> gens;
   for (int i = 0; i < kRequests; ++i) {
@@ -93,7 +96,10 @@ TEST_P(SchedulerBatching, GreedyOutputDoesNotDependOnTheBatch) {
   EXPECT_GT((*s)->stats().step_rows, (*s)->stats().steps) << "the requests never shared a step";
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, SchedulerBatching, testing::Values("qwen3_5_dense", "gemma4_dense"));
+// both with every row in one forward call (the CPU backend computes each row the same way at
+// any row count) and with batch-invariant steps
+INSTANTIATE_TEST_SUITE_P(Fixtures, SchedulerBatching,
+                         testing::Combine(testing::Values("qwen3_5_dense", "gemma4_dense"), testing::Bool()));
 
 TEST(SchedulerPrefixCache, SameTokensFromACachedPrefix) {
   for (const std::string fixture : {"qwen3_5_dense", "gemma4_dense"}) {

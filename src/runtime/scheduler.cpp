@@ -91,6 +91,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Model& model, const Schedul
   if (limit > 0 && s->options_.context > limit) s->options_.context = limit;
   s->options_.prefill_chunk = std::clamp<int64_t>(options.prefill_chunk, 1, model.max_chunk_tokens());
   s->options_.cache_block = std::max<int64_t>(options.cache_block, 1);
+  s->options_.invariant_rows = std::max<int64_t>(options.invariant_rows, 1);
   for (int64_t i = 0; i < options.max_batch; ++i) {
     auto slot = std::make_unique<Slot>();
     KILN_ASSIGN(slot->state, model.new_sequence(s->options_.context));
@@ -208,30 +209,49 @@ void Scheduler::admit() {
 Status Scheduler::step() {
   // decode rows first, then prompt chunks within the step's prefill budget; a chunk ends at the
   // next cache block boundary so the state there can be snapshotted
-  std::vector<SeqChunk> batch;
-  std::vector<Slot*> owners;
+  std::vector<Group> groups(1);
+  const bool invariant = options_.batch_invariant;
   for (auto& slot : slots_) {
     if (!slot->generation || slot->prefilling()) continue;
-    batch.push_back(SeqChunk{.state = slot->state.get(), .tokens = std::span<const int32_t>(&slot->next, 1)});
-    owners.push_back(slot.get());
+    if (invariant && int64_t(groups.back().batch.size()) >= options_.invariant_rows) groups.emplace_back();
+    groups.back().batch.push_back(
+        SeqChunk{.state = slot->state.get(), .tokens = std::span<const int32_t>(&slot->next, 1)});
+    groups.back().owners.push_back(slot.get());
   }
   int64_t budget = options_.prefill_chunk;
   for (auto& slot : slots_) {
     if (!slot->generation || !slot->prefilling() || budget <= 0) continue;
     const int64_t remaining = int64_t(slot->params.prompt.size()) - slot->prefilled;
-    int64_t n = std::min(remaining, budget);
-    if (cache_.budget_bytes() > 0) {
-      const int64_t to_boundary = options_.cache_block - slot->prefilled % options_.cache_block;
-      n = std::min(n, to_boundary);
-    }
-    batch.push_back(SeqChunk{.state = slot->state.get(),
-                             .tokens = std::span(slot->params.prompt).subspan(size_t(slot->prefilled), size_t(n))});
-    owners.push_back(slot.get());
+    // batch-invariant: whole chunks at fixed positions, each in a forward of its own, so a prompt
+    // is computed the same way whatever else runs
+    int64_t n = invariant ? std::min(remaining, options_.prefill_chunk - slot->prefilled % options_.prefill_chunk)
+                          : std::min(remaining, budget);
+    if (cache_.budget_bytes() > 0) n = std::min(n, options_.cache_block - slot->prefilled % options_.cache_block);
+    if (invariant && !groups.back().batch.empty()) groups.emplace_back();
+    groups.back().batch.push_back(
+        SeqChunk{.state = slot->state.get(),
+                 .tokens = std::span(slot->params.prompt).subspan(size_t(slot->prefilled), size_t(n))});
+    groups.back().owners.push_back(slot.get());
     budget -= n;
   }
-  if (batch.empty()) return ok_status();
-
   const auto t0 = Clock::now();
+  int64_t rows = 0;
+  for (const Group& g : groups) {
+    if (g.batch.empty()) continue;
+    KILN_TRY(run_group(g));
+    rows += int64_t(g.batch.size());
+  }
+  std::lock_guard lock(stats_mutex_);
+  ++stats_.steps;
+  stats_.step_rows += rows;
+  stats_.last_batch = rows;
+  stats_.step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  return ok_status();
+}
+
+Status Scheduler::run_group(const Group& group) {
+  const auto& batch = group.batch;
+  const auto& owners = group.owners;
   KILN_ASSIGN(Tensor device_logits, model_.forward(batch, LogitRows::last));
   // when every row that samples is plain greedy, the argmax runs on the device and only the ids
   // come back (a row of logits is vocab floats; a batch of them costs more to move than to reduce)
@@ -266,7 +286,7 @@ Status Scheduler::step() {
       cache_.insert(prompt, *s.state, model_.backend());
       s.generation->prompt_seconds_ = std::chrono::duration<double>(Clock::now() - s.admitted).count();
     }
-    if (s.generation->cancelled()) continue;  // freed below
+    if (s.generation->cancelled()) continue;  // freed at the next step
     int32_t token = 0;
     if (device_argmax) {
       token = ids.data_as<int32_t>()[i];
@@ -289,12 +309,8 @@ Status Scheduler::step() {
     }
   }
   std::lock_guard lock(stats_mutex_);
-  ++stats_.steps;
-  stats_.step_rows += int64_t(batch.size());
-  stats_.last_batch = int64_t(batch.size());
   stats_.generated_tokens += generated;
   stats_.prefilled_tokens += prefilled;
-  stats_.step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   return ok_status();
 }
 

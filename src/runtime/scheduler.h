@@ -35,6 +35,13 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 256;    // most prompt tokens one step runs, over all generations
   size_t prompt_cache_bytes = 0;  // budget of the prefix cache (0: no cache)
   int64_t cache_block = 256;      // prompts are snapshotted every this many tokens
+  // Batch-invariant steps: a generation's tokens do not depend on what else runs. Decode rows go
+  // through the model in forward calls of at most invariant_rows sequences (the GPU backend's
+  // few-row kernels compute each row the same way for 1 to 8 rows; larger products may choose
+  // other kernels by row count), and each prompt chunk runs in a forward call of its own, at
+  // positions fixed by prefill_chunk. Costs more forward calls per step.
+  bool batch_invariant = false;
+  int64_t invariant_rows = 8;
 };
 
 struct GenerationParams {
@@ -129,9 +136,15 @@ class Scheduler {
   };
   Scheduler(Model& model, const SchedulerOptions& options);
 
+  // Sequences that run through one Model::forward call.
+  struct Group {
+    std::vector<SeqChunk> batch;
+    std::vector<Slot*> owners;
+  };
   void loop();
   void admit();
   Status step();
+  Status run_group(const Group& group);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
 
   Model& model_;

@@ -2,6 +2,8 @@
 // character at a time (as a stream delivers them), and request field checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "server/output_parser.h"
 #include "server/request_fields.h"
 
@@ -79,6 +81,16 @@ TEST(OutputParser, GemmaToolCallsAndThoughtChannel) {
     EXPECT_EQ(json::parse(out.tool_calls[0].arguments),
               json::parse(R"({"city":"Paris, France","days":3,"units":{"metric":true},"tags":["a",2]})"));
   }
+}
+
+TEST(OutputParser, MarkerTokensSurviveDetokenization) {
+  // special tokens the parser reads must be kept when the output is decoded
+  const auto markers = gemma_format().markers();
+  for (const char* token : {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|\"|>"})
+    EXPECT_NE(std::find(markers.begin(), markers.end(), token), markers.end()) << token;
+  const auto qwen = qwen_format().markers();
+  for (const char* token : {"<think>", "</think>", "<tool_call>", "</tool_call>"})
+    EXPECT_NE(std::find(qwen.begin(), qwen.end(), token), qwen.end()) << token;
 }
 
 TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {

@@ -236,7 +236,10 @@ std::vector<std::string> OutputFormat::markers() const {
   std::vector<std::string> out;
   for (const std::string* m : {&think_open, &think_close, &call_open, &call_close})
     if (!m->empty()) out.push_back(*m);
-  if (tools == ToolFormat::gemma) out.push_back("<|\"|>");
+  if (tools == ToolFormat::gemma) {
+    out.push_back("<|channel>");  // think_open is this token followed by the text "thought"
+    out.push_back("<|\"|>");
+  }
   return out;
 }
 

@@ -10,6 +10,7 @@
 set -u
 kiln=$1 load=$2 out=$3 scratch=$4 config=${5:-models/configs/qwen3.5-4b.json} modes=${6:-both}
 [ "$modes" = both ] && modes="invariant fast"
+export LD_LIBRARY_PATH=$(dirname "$kiln")/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$out" "$scratch"
 rm -rf "$scratch/model"
 "$kiln" synth-model "$config" "$scratch/model" --dtype bf16 2>&1 | tail -1

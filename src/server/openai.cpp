@@ -166,8 +166,7 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
 }
 
 // Fields both endpoints read: stream, stream_options, n, stop, max_tokens, sampling.
-void read_common(RequestFields& fields, const json& body, Exchange& ex, GenerationRequest& request, Service& service,
-                 int64_t default_max_tokens) {
+void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request, int64_t default_max_tokens) {
   fields.boolean("stream", ex.stream);
   if (const json* options = fields.object("stream_options")) {
     RequestFields o(*options);
@@ -182,8 +181,6 @@ void read_common(RequestFields& fields, const json& body, Exchange& ex, Generati
   fields.integer("max_tokens", 1, INT32_MAX, request.max_tokens);
   if (ex.chat) fields.integer("max_completion_tokens", 1, INT32_MAX, request.max_tokens);
   request.sampling = read_sampling(fields, 1.0f);
-  (void)body;
-  (void)service;
 }
 
 }  // namespace
@@ -223,7 +220,7 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
   if (auto e = service.check_model(model)) return fail(*e);
   Exchange ex{.id = random_id("chatcmpl-"), .created = int64_t(std::time(nullptr)), .chat = true, .endpoint = endpoint};
   GenerationRequest request;
-  read_common(fields, body, ex, request, service, 0);
+  read_common(fields, ex, request, 0);
   const json* messages = fields.array("messages", true);
   const json* tools = fields.array("tools");
   std::string tool_choice = "auto";
@@ -268,7 +265,7 @@ void handle_completions(Service& service, const httplib::Request& req, httplib::
   if (auto e = service.check_model(model)) return fail(*e);
   Exchange ex{.id = random_id("cmpl-"), .created = int64_t(std::time(nullptr)), .chat = false, .endpoint = endpoint};
   GenerationRequest request;
-  read_common(fields, body, ex, request, service, 16);
+  read_common(fields, ex, request, 16);
   bool echo = false;
   fields.boolean("echo", echo);
   if (echo) fields.fail("echo", "'echo' is not supported");

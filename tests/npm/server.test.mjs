@@ -120,6 +120,20 @@ test('text completions: string and token-id prompts, streamed and not', async ()
   assert.equal(ids.usage.prompt_tokens, 3);
 });
 
+test('stop strings cut the output and end the generation', async () => {
+  const params = { model: modelName, prompt: 'Once upon a time', max_tokens: 12, temperature: 0 };
+  const whole = (await openai.completions.create(params)).choices[0].text;
+  assert.ok(whole.length >= 6, JSON.stringify(whole));
+  const stop = whole.slice(whole.length - 4, whole.length - 1);
+  const cut = await openai.completions.create({ ...params, stop: [stop] });
+  assert.equal(cut.choices[0].text, whole.slice(0, whole.indexOf(stop)));
+  assert.equal(cut.choices[0].finish_reason, 'stop');
+  const streamed = await openai.completions.create({ ...params, stop: stop, stream: true });
+  let text = '';
+  for await (const chunk of streamed) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, cut.choices[0].text);
+});
+
 test('sampling parameters are accepted and seeded', async () => {
   const params = { model: modelName, messages: [{ role: 'user', content: 'Tell a story' }], max_tokens: 10,
     temperature: 0.9, top_p: 0.95, top_k: 40, min_p: 0.01, presence_penalty: 0.5, frequency_penalty: 0.2, seed: 7, stop: ['zzzz'] };
@@ -249,4 +263,21 @@ test('an API key is required when set', async () => {
   const claude = new Anthropic({ baseURL: url, apiKey: 'sesame', maxRetries: 0 });
   const m = await claude.messages.create({ model: modelName, max_tokens: 2, messages: [{ role: 'user', content: 'hi' }] });
   assert.equal(m.type, 'message');
+});
+
+test('SIGTERM lets the requests in flight finish and exits cleanly', async () => {
+  const { url, child } = await startServer(['--max-batch', '2', '--ctx', '512', '--threads', '1']);
+  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const stream = await client.completions.create({ model: modelName, prompt: [1, 2, 3], max_tokens: 200, temperature: 0,
+    stream: true, stream_options: { include_usage: true } });
+  let usage = null, finish = null, chunks = 0;
+  for await (const chunk of stream) {
+    if (++chunks === 2) child.kill('SIGTERM');
+    if (chunk.usage) usage = chunk.usage;
+    if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 200);
+  assert.deepEqual(await exited, { code: 0, signal: null });
 });

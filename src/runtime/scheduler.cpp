@@ -236,11 +236,16 @@ Status Scheduler::step() {
   }
   const auto t0 = Clock::now();
   int64_t rows = 0;
+  // every group's forward is issued before any result is read back, so the device runs them
+  // back to back
+  std::vector<Launched> launched;
   for (const Group& g : groups) {
     if (g.batch.empty()) continue;
-    KILN_TRY(run_group(g));
+    KILN_ASSIGN(Launched l, launch(g));
+    launched.push_back(std::move(l));
     rows += int64_t(g.batch.size());
   }
+  for (const Launched& l : launched) KILN_TRY(collect(l));
   std::lock_guard lock(stats_mutex_);
   ++stats_.steps;
   stats_.step_rows += rows;
@@ -249,26 +254,30 @@ Status Scheduler::step() {
   return ok_status();
 }
 
-Status Scheduler::run_group(const Group& group) {
-  const auto& batch = group.batch;
-  const auto& owners = group.owners;
-  KILN_ASSIGN(Tensor device_logits, model_.forward(batch, LogitRows::last));
+Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
+  Launched l{.group = &group};
+  KILN_ASSIGN(l.logits, model_.forward(group.batch, LogitRows::last));
   // when every row that samples is plain greedy, the argmax runs on the device and only the ids
   // come back (a row of logits is vocab floats; a batch of them costs more to move than to reduce)
-  bool device_argmax = true;
-  for (size_t i = 0; i < owners.size(); ++i) {
-    const Slot& s = *owners[i];
-    const bool samples = s.prefilled + int64_t(batch[i].tokens.size()) >= int64_t(s.params.prompt.size());
-    if (samples && !plain_greedy(s.params.sampling)) device_argmax = false;
+  l.device_argmax = true;
+  for (size_t i = 0; i < group.owners.size(); ++i) {
+    const Slot& s = *group.owners[i];
+    const bool samples = s.prefilled + int64_t(group.batch[i].tokens.size()) >= int64_t(s.params.prompt.size());
+    if (samples && !plain_greedy(s.params.sampling)) l.device_argmax = false;
   }
-  Tensor logits, ids;
-  if (device_argmax) {
-    Tensor device_ids = model_.backend().alloc(DType::i32, Shape{int64_t(batch.size())});
-    model_.backend().argmax(device_logits, device_ids);
-    ids = model_.backend().to_host(device_ids);
-  } else {
-    logits = model_.backend().to_host(device_logits);
+  if (l.device_argmax) {
+    l.ids = model_.backend().alloc(DType::i32, Shape{int64_t(group.batch.size())});
+    model_.backend().argmax(l.logits, l.ids);
   }
+  return l;
+}
+
+Status Scheduler::collect(const Launched& launched) {
+  const auto& batch = launched.group->batch;
+  const auto& owners = launched.group->owners;
+  const bool device_argmax = launched.device_argmax;
+  const Tensor ids = device_argmax ? model_.backend().to_host(launched.ids) : Tensor();
+  const Tensor logits = device_argmax ? Tensor() : model_.backend().to_host(launched.logits);
   KILN_TRY(model_.backend().status());
   const int64_t vocab = model_.info().vocab_size;
   int64_t generated = 0, prefilled = 0;

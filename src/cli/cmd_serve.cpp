@@ -1,0 +1,149 @@
+// kiln serve [MODEL_DIR] [--host H] [--port P] [--device cpu|cuda] [--max-batch N] [--ctx N]
+//            [--prompt-cache-bytes N] [--api-key KEY]
+// An OpenAI- and Anthropic-compatible HTTP server over the continuous-batching scheduler. The
+// first SIGINT/SIGTERM stops taking requests and lets those in flight finish (for at most
+// --grace seconds); a second cancels them. Prints "kiln: listening on http://HOST:PORT" once
+// ready.
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "models/model.h"
+#include "runtime/scheduler.h"
+#include "server/server.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct ServeOptions {
+  std::string model_dir;
+  std::string served_name;
+  server::ServerOptions http;
+  SchedulerOptions scheduler{
+      .max_batch = 32, .context = 4096, .prefill_chunk = 256, .prompt_cache_bytes = size_t(2) << 30};
+  int grace_seconds = 30;
+  RunOptions run;
+};
+
+// SIGINT/SIGTERM reach the server through a pipe: the handler only writes a byte (any thread may
+// receive the signal, the BLAS library's included), and a thread of ours reads it.
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int) {
+  const char byte = 1;
+  [[maybe_unused]] ssize_t n = write(signal_pipe[1], &byte, 1);
+}
+
+// Waits for a byte on the signal pipe for at most `timeout_ms` (-1: no limit).
+bool wait_for_signal(int timeout_ms) {
+  pollfd p{.fd = signal_pipe[0], .events = POLLIN, .revents = 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return false;
+  char byte;
+  return read(signal_pipe[0], &byte, 1) == 1;
+}
+
+// The model directory to serve: the one given, else the bundled default.
+Result<std::string> resolve_model_dir(const std::string& given) {
+  if (!given.empty()) return given;
+  return make_error("no MODEL_DIR given (and no bundled default model)");
+}
+
+Status serve(ServeOptions o) {
+  KILN_ASSIGN(const std::string model_dir, resolve_model_dir(o.model_dir));
+  if (pipe(signal_pipe) != 0) return make_error("cannot create the signal pipe");
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  KILN_ASSIGN(auto backend, make_backend(o.run));
+  server::ServedModel served;
+  auto tokenizer = Tokenizer::load(model_dir);
+  if (tokenizer.ok()) {
+    served.tokenizer = std::move(tokenizer).value();
+    auto tmpl = ChatTemplate::load(model_dir);
+    if (tmpl.ok())
+      served.chat_template = std::move(tmpl).value();
+    else
+      spdlog::warn("no chat template ({}): /v1/chat/completions and /v1/messages are unavailable",
+                   tmpl.error().message);
+  } else {
+    spdlog::warn("no tokenizer ({}): prompts must be token ids", tokenizer.error().message);
+  }
+  KILN_ASSIGN(auto model, load_model(model_dir, *backend));
+  KILN_ASSIGN(auto scheduler, Scheduler::create(*model, o.scheduler));
+  served.scheduler = scheduler.get();
+  served.name =
+      !o.served_name.empty() ? o.served_name : std::filesystem::path(model_dir).lexically_normal().filename().string();
+  if (served.name.empty()) served.name = std::filesystem::path(model_dir).parent_path().filename().string();
+  KILN_ASSIGN(auto http, server::Server::create(std::move(served), o.http));
+  KILN_ASSIGN(const int port, http->bind());
+  fmt::print("kiln: listening on http://{}:{} (model {}, batch {}, context {}, {})\n", o.http.host, port,
+             std::filesystem::path(model_dir).filename().string(), scheduler->options().max_batch,
+             scheduler->options().context, backend->name());
+  std::fflush(stdout);
+
+  std::thread waiter([&] {
+    while (!wait_for_signal(-1)) {
+    }
+    spdlog::warn("stopping: finishing the requests in flight (signal again to cancel them)");
+    std::thread drain([&] {
+      scheduler->shutdown(true);
+      http->stop();
+      on_stop_signal(0);  // done: wake the waiter below
+    });
+    // a second signal, or the grace period over, cancels what still runs
+    wait_for_signal(o.grace_seconds * 1000);
+    scheduler->shutdown(false);
+    drain.join();
+  });
+  Status status = http->listen();
+  if (!status) on_stop_signal(0);
+  waiter.join();
+  KILN_TRY(status);
+  return backend->status();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, Action& action) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI and Anthropic APIs)");
+  cmd->add_option("MODEL_DIR", o->model_dir, "Model directory (default: the bundled model)");
+  cmd->add_option("--host", o->http.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->http.port, "Port (0: any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->http.api_key, "Require this bearer token on every request");
+  cmd->add_option("--max-batch", o->scheduler.max_batch, "Most requests decoding at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--ctx", o->scheduler.context, "Context per request in tokens (prompt plus output)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--prefill-chunk", o->scheduler.prefill_chunk, "Most prompt tokens per batched step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--prompt-cache-bytes", o->scheduler.prompt_cache_bytes, "Prefix cache budget in bytes (0: off)")
+      ->capture_default_str();
+  cmd->add_flag("--batch-invariant,!--no-batch-invariant", o->scheduler.batch_invariant,
+                "Greedy output independent of the other requests in the batch (default on; off batches more "
+                "rows per forward call)");
+  cmd->add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted")->capture_default_str();
+  cmd->add_option("--served-model-name", o->served_name, "The model id clients use (default: the directory name)");
+  cmd->add_option("--grace", o->grace_seconds, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  add_run_options(*cmd, o->run);
+  cmd->callback([o, &action] { action = [o] { return serve(*o); }; });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,369 @@
+#include "runtime/scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace kiln {
+
+using Clock = std::chrono::steady_clock;
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::running:
+      return "running";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::cancelled:
+      return "cancelled";
+    case FinishReason::error:
+      return "error";
+  }
+  return "error";
+}
+
+Generation::Update Generation::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  ready_.wait_for(lock, timeout,
+                  [&] { return !pending_.empty() || (finish_ != FinishReason::running && !finish_delivered_); });
+  Update update;
+  update.tokens.swap(pending_);
+  if (finish_ != FinishReason::running) {
+    update.finish = finish_;
+    update.error = error_;
+    finish_delivered_ = true;
+  }
+  return update;
+}
+
+void Generation::push(int32_t token) {
+  {
+    std::lock_guard lock(mutex_);
+    pending_.push_back(token);
+  }
+  ready_.notify_all();
+}
+
+void Generation::finish(FinishReason reason, std::string error) {
+  {
+    std::lock_guard lock(mutex_);
+    if (finish_ != FinishReason::running) return;
+    finish_ = reason;
+    error_ = std::move(error);
+  }
+  ready_.notify_all();
+}
+
+namespace {
+
+// Greedy without penalties: the next token is the argmax of the logits alone.
+bool plain_greedy(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
+}  // namespace
+
+// A running generation and the sequence state it owns while it runs.
+struct Scheduler::Slot {
+  std::unique_ptr<SequenceState> state;
+  std::shared_ptr<Generation> generation;  // null: free
+  GenerationParams params;
+  std::unique_ptr<Sampler> sampler;
+  std::vector<int32_t> history;  // prompt, then generated tokens (penalties look at all)
+  int64_t prefilled = 0;         // prompt tokens in the state
+  int64_t generated = 0;
+  int32_t next = 0;  // the token the next decode step feeds
+  Clock::time_point admitted;
+  bool prefilling() const { return prefilled < int64_t(params.prompt.size()); }
+};
+
+Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
+    : model_(model), options_(options), cache_(options.prompt_cache_bytes) {}
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(Model& model, const SchedulerOptions& options) {
+  if (options.max_batch < 1) return make_error("max_batch must be at least 1");
+  if (options.context < 2) return make_error("the context must hold at least 2 tokens");
+  std::unique_ptr<Scheduler> s(new Scheduler(model, options));
+  const int64_t limit = model.info().max_position_embeddings;
+  if (limit > 0 && s->options_.context > limit) s->options_.context = limit;
+  s->options_.prefill_chunk = std::clamp<int64_t>(options.prefill_chunk, 1, model.max_chunk_tokens());
+  s->options_.cache_block = std::max<int64_t>(options.cache_block, 1);
+  s->options_.invariant_rows = std::max<int64_t>(options.invariant_rows, 1);
+  for (int64_t i = 0; i < options.max_batch; ++i) {
+    auto slot = std::make_unique<Slot>();
+    KILN_ASSIGN(slot->state, model.new_sequence(s->options_.context));
+    s->slots_.push_back(std::move(slot));
+  }
+  KILN_TRY(model.backend().status());
+  s->thread_ = std::thread([p = s.get()] { p->loop(); });
+  return s;
+}
+
+Scheduler::~Scheduler() {
+  shutdown(false);
+}
+
+Result<std::shared_ptr<Generation>> Scheduler::submit(GenerationParams params) {
+  const int64_t n = int64_t(params.prompt.size());
+  if (n == 0) return make_error("the prompt is empty");
+  if (n >= options_.context)
+    return make_error("the prompt has {} tokens; the context holds {} (prompt and output)", n, options_.context);
+  if (params.max_tokens <= 0) params.max_tokens = options_.context - n;
+  if (n + params.max_tokens > options_.context)
+    return make_error("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n,
+                      params.max_tokens, options_.context);
+  const int64_t vocab = model_.info().vocab_size;
+  for (int32_t id : params.prompt)
+    if (id < 0 || id >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", id, vocab);
+  auto generation = std::make_shared<Generation>();
+  generation->prompt_tokens_ = n;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return make_error("the server is shutting down");
+    queue_.push_back(Waiting{.params = std::move(params), .generation = generation});
+  }
+  {
+    std::lock_guard lock(stats_mutex_);
+    stats_.prompt_tokens += n;
+  }
+  wake_.notify_all();
+  return generation;
+}
+
+void Scheduler::shutdown(bool finish_running) {
+  {
+    std::lock_guard lock(mutex_);
+    // a later call may turn finishing into cancelling, never the reverse
+    drain_ = stopping_ ? drain_ && finish_running : finish_running;
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  std::call_once(joined_, [&] {
+    if (thread_.joinable()) thread_.join();
+  });
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  SchedulerStats s = stats_;
+  {
+    std::lock_guard queue_lock(mutex_);
+    s.queued = int64_t(queue_.size());
+  }
+  return s;
+}
+
+void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error) {
+  if (reason == FinishReason::stop || reason == FinishReason::length) {
+    // the state holds the prompt and every generated token but the last: a client that sends the
+    // conversation back continues from here
+    const int64_t held = slot.state->length();
+    if (held > 0 && held <= int64_t(slot.history.size()))
+      cache_.insert(std::span(slot.history).first(size_t(held)), *slot.state, model_.backend());
+  }
+  slot.generation->finish(reason, error);
+  slot.generation.reset();
+  slot.sampler.reset();
+  std::lock_guard lock(stats_mutex_);
+  ++stats_.requests_finished;
+}
+
+void Scheduler::admit() {
+  for (auto& slot : slots_) {
+    if (slot->generation) continue;
+    Waiting next;
+    {
+      std::lock_guard lock(mutex_);
+      if (queue_.empty()) return;
+      next = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (next.generation->cancelled()) {
+      next.generation->finish(FinishReason::cancelled);
+      continue;
+    }
+    Slot& s = *slot;
+    s.generation = std::move(next.generation);
+    s.params = std::move(next.params);
+    s.sampler = std::make_unique<Sampler>(s.params.sampling);
+    s.history = s.params.prompt;
+    s.generated = 0;
+    s.admitted = Clock::now();
+    const PrefixCache::Hit hit = cache_.lookup(s.params.prompt);
+    if (hit.tokens > 0) {
+      s.state->restore(model_.backend(), *hit.state);
+    } else {
+      s.state->reset(model_.backend());
+    }
+    s.prefilled = hit.tokens;
+    s.generation->cached_tokens_ = hit.tokens;
+    std::lock_guard lock(stats_mutex_);
+    stats_.cached_tokens += hit.tokens;
+    ++(hit.tokens > 0 ? stats_.cache_hits : stats_.cache_misses);
+  }
+}
+
+Status Scheduler::step() {
+  // decode rows first, then prompt chunks within the step's prefill budget; a chunk ends at the
+  // next cache block boundary so the state there can be snapshotted
+  std::vector<Group> groups(1);
+  const bool invariant = options_.batch_invariant;
+  for (auto& slot : slots_) {
+    if (!slot->generation || slot->prefilling()) continue;
+    if (invariant && int64_t(groups.back().batch.size()) >= options_.invariant_rows) groups.emplace_back();
+    groups.back().batch.push_back(
+        SeqChunk{.state = slot->state.get(), .tokens = std::span<const int32_t>(&slot->next, 1)});
+    groups.back().owners.push_back(slot.get());
+  }
+  int64_t budget = options_.prefill_chunk;
+  for (auto& slot : slots_) {
+    if (!slot->generation || !slot->prefilling() || budget <= 0) continue;
+    const int64_t remaining = int64_t(slot->params.prompt.size()) - slot->prefilled;
+    // batch-invariant: whole chunks at fixed positions, each in a forward of its own, so a prompt
+    // is computed the same way whatever else runs
+    int64_t n = invariant ? std::min(remaining, options_.prefill_chunk - slot->prefilled % options_.prefill_chunk)
+                          : std::min(remaining, budget);
+    if (cache_.budget_bytes() > 0) n = std::min(n, options_.cache_block - slot->prefilled % options_.cache_block);
+    if (invariant && !groups.back().batch.empty()) groups.emplace_back();
+    groups.back().batch.push_back(
+        SeqChunk{.state = slot->state.get(),
+                 .tokens = std::span(slot->params.prompt).subspan(size_t(slot->prefilled), size_t(n))});
+    groups.back().owners.push_back(slot.get());
+    budget -= n;
+  }
+  const auto t0 = Clock::now();
+  int64_t rows = 0;
+  // every group's forward is issued before any result is read back, so the device runs them
+  // back to back
+  std::vector<Launched> launched;
+  for (const Group& g : groups) {
+    if (g.batch.empty()) continue;
+    KILN_ASSIGN(Launched l, launch(g));
+    launched.push_back(std::move(l));
+    rows += int64_t(g.batch.size());
+  }
+  for (const Launched& l : launched) KILN_TRY(collect(l));
+  std::lock_guard lock(stats_mutex_);
+  ++stats_.steps;
+  stats_.step_rows += rows;
+  stats_.last_batch = rows;
+  stats_.step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  return ok_status();
+}
+
+Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
+  Launched l{.group = &group};
+  KILN_ASSIGN(l.logits, model_.forward(group.batch, LogitRows::last));
+  // when every row that samples is plain greedy, the argmax runs on the device and only the ids
+  // come back (a row of logits is vocab floats; a batch of them costs more to move than to reduce)
+  l.device_argmax = true;
+  for (size_t i = 0; i < group.owners.size(); ++i) {
+    const Slot& s = *group.owners[i];
+    const bool samples = s.prefilled + int64_t(group.batch[i].tokens.size()) >= int64_t(s.params.prompt.size());
+    if (samples && !plain_greedy(s.params.sampling)) l.device_argmax = false;
+  }
+  if (l.device_argmax) {
+    l.ids = model_.backend().alloc(DType::i32, Shape{int64_t(group.batch.size())});
+    model_.backend().argmax(l.logits, l.ids);
+  }
+  return l;
+}
+
+Status Scheduler::collect(const Launched& launched) {
+  const auto& batch = launched.group->batch;
+  const auto& owners = launched.group->owners;
+  const bool device_argmax = launched.device_argmax;
+  const Tensor ids = device_argmax ? model_.backend().to_host(launched.ids) : Tensor();
+  const Tensor logits = device_argmax ? Tensor() : model_.backend().to_host(launched.logits);
+  KILN_TRY(model_.backend().status());
+  const int64_t vocab = model_.info().vocab_size;
+  int64_t generated = 0, prefilled = 0;
+  for (size_t i = 0; i < owners.size(); ++i) {
+    Slot& s = *owners[i];
+    if (s.prefilling()) {
+      s.prefilled += int64_t(batch[i].tokens.size());
+      prefilled += int64_t(batch[i].tokens.size());
+      const auto prompt = std::span<const int32_t>(s.params.prompt).first(size_t(s.prefilled));
+      const bool boundary = s.prefilled % options_.cache_block == 0;
+      if (s.prefilling()) {
+        if (boundary) cache_.insert(prompt, *s.state, model_.backend());
+        continue;
+      }
+      cache_.insert(prompt, *s.state, model_.backend());
+      s.generation->prompt_seconds_ = std::chrono::duration<double>(Clock::now() - s.admitted).count();
+    }
+    if (s.generation->cancelled()) continue;  // freed at the next step
+    int32_t token = 0;
+    if (device_argmax) {
+      token = ids.data_as<int32_t>()[i];
+    } else {
+      const float* row = logits.data_as<float>() + int64_t(i) * vocab;
+      token = s.sampler->sample(std::span<const float>(row, size_t(vocab)), s.history);
+    }
+    const auto& stops = s.params.stop_ids;
+    if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+      finish(s, FinishReason::stop);
+      continue;
+    }
+    ++generated;
+    ++s.generated;
+    s.history.push_back(token);
+    s.next = token;
+    s.generation->push(token);
+    if (s.generated >= s.params.max_tokens || s.state->length() + 1 >= s.state->max_context()) {
+      finish(s, FinishReason::length);
+    }
+  }
+  std::lock_guard lock(stats_mutex_);
+  stats_.generated_tokens += generated;
+  stats_.prefilled_tokens += prefilled;
+  return ok_status();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    bool stopping, drain;
+    {
+      std::lock_guard lock(mutex_);
+      stopping = stopping_;
+      drain = drain_;
+    }
+    if (stopping && !drain) {
+      for (auto& slot : slots_)
+        if (slot->generation) finish(*slot, FinishReason::cancelled);
+      std::lock_guard lock(mutex_);
+      for (auto& w : queue_) w.generation->finish(FinishReason::cancelled);
+      queue_.clear();
+      return;
+    }
+    for (auto& slot : slots_)
+      if (slot->generation && slot->generation->cancelled()) finish(*slot, FinishReason::cancelled);
+    admit();
+    int64_t running = 0;
+    for (auto& slot : slots_) running += slot->generation != nullptr;
+    {
+      std::lock_guard lock(stats_mutex_);
+      stats_.running = running;
+      stats_.cache_bytes = cache_.bytes();
+      stats_.cache_entries = int64_t(cache_.entries());
+    }
+    if (running == 0) {
+      std::unique_lock lock(mutex_);
+      if (stopping_ && queue_.empty()) return;
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      continue;
+    }
+    Status status = step();
+    if (!status) {
+      // a failed forward leaves the batch's states undefined: fail every running generation
+      spdlog::error("batch step failed: {}", status.error().message);
+      for (auto& slot : slots_)
+        if (slot->generation) finish(*slot, FinishReason::error, status.error().message);
+    }
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,175 @@
+// Continuous batching: many generations share one model through one step loop.
+//
+// A Scheduler owns a thread that repeatedly builds one Model::forward batch from
+//  - one decode token of every running generation, and
+//  - a bounded chunk of the prompts still being prefilled (so that a long prompt arriving never
+//    stalls the streams already running),
+// samples each generation's next token from its logits row and hands it to the generation's
+// stream. Requests that arrive while others run join the batch at the next step. Prompts start
+// from the longest cached prefix (PrefixCache); states are snapshotted at block boundaries of
+// each prompt, at its end and when a generation finishes.
+//
+// The scheduler knows tokens only: text, templates and protocols belong to its clients.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models/model.h"
+#include "runtime/prefix_cache.h"
+#include "runtime/sampler.h"
+
+namespace kiln {
+
+struct SchedulerOptions {
+  int64_t max_batch = 16;         // generations running at once; more wait in the queue
+  int64_t context = 4096;         // tokens per generation (prompt plus output)
+  int64_t prefill_chunk = 256;    // most prompt tokens one step runs, over all generations
+  size_t prompt_cache_bytes = 0;  // budget of the prefix cache (0: no cache)
+  int64_t cache_block = 256;      // prompts are snapshotted every this many tokens
+  // Batch-invariant steps: a generation's tokens do not depend on what else runs. Decode rows go
+  // through the model in forward calls of at most invariant_rows sequences (the GPU backend's
+  // few-row kernels compute each row the same way for 1 to 8 rows; larger products may choose
+  // other kernels by row count), and each prompt chunk runs in a forward call of its own, at
+  // positions fixed by prefill_chunk. Costs more forward calls per step.
+  bool batch_invariant = false;
+  int64_t invariant_rows = 8;
+};
+
+struct GenerationParams {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 0;         // 0: up to the context
+  std::vector<int32_t> stop_ids;  // end-of-sequence tokens (not emitted)
+};
+
+enum class FinishReason { running, stop, length, cancelled, error };
+const char* finish_reason_name(FinishReason reason);
+
+// One generation's stream of tokens, shared by the scheduler (producer) and a client (consumer).
+class Generation {
+ public:
+  struct Update {
+    std::vector<int32_t> tokens;  // new since the previous update
+    FinishReason finish = FinishReason::running;
+    std::string error;  // when finish == error
+  };
+  // Waits up to `timeout` for new tokens or the end.
+  Update wait(std::chrono::milliseconds timeout);
+  // Asks the scheduler to stop this generation; its slot is freed at the next step.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  // Prompt tokens taken from the prefix cache (known once the generation was admitted).
+  int64_t cached_tokens() const { return cached_tokens_; }
+  // Seconds from admission until the prompt was prefilled (0 before that).
+  double prompt_seconds() const { return prompt_seconds_; }
+
+ private:
+  friend class Scheduler;
+  void push(int32_t token);
+  void finish(FinishReason reason, std::string error = {});
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::vector<int32_t> pending_;
+  FinishReason finish_ = FinishReason::running;
+  bool finish_delivered_ = false;
+  std::string error_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<int64_t> cached_tokens_{-1};
+  std::atomic<double> prompt_seconds_{0};
+};
+
+// Counters for monitoring; a consistent-enough snapshot taken without stopping the loop.
+struct SchedulerStats {
+  int64_t queued = 0;   // waiting for a slot
+  int64_t running = 0;  // in the batch
+  int64_t requests_finished = 0;
+  int64_t prompt_tokens = 0;     // prompt tokens submitted
+  int64_t prefilled_tokens = 0;  // prompt tokens actually run (the rest came from the cache)
+  int64_t cached_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t cache_hits = 0;
+  int64_t cache_misses = 0;
+  size_t cache_bytes = 0;
+  int64_t cache_entries = 0;
+  int64_t steps = 0;
+  int64_t step_rows = 0;    // sum over steps of the sequences in the batch
+  int64_t last_batch = 0;   // sequences in the most recent step
+  double step_seconds = 0;  // time spent in steps
+};
+
+class Scheduler {
+ public:
+  // Takes the model for its lifetime; allocates max_batch sequence states of `context` tokens.
+  static Result<std::unique_ptr<Scheduler>> create(Model& model, const SchedulerOptions& options);
+  ~Scheduler();
+
+  // Queues a generation. Errors (an empty prompt, a prompt or max_tokens beyond the context, a
+  // token outside the vocabulary, a scheduler shutting down) come back at once.
+  Result<std::shared_ptr<Generation>> submit(GenerationParams params);
+
+  // Stops taking requests; with `finish_running` lets the queued and running ones complete,
+  // otherwise cancels them. Returns when the loop has ended.
+  void shutdown(bool finish_running);
+
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+  const Model& model() const { return model_; }
+
+ private:
+  struct Slot;
+  struct Waiting {
+    GenerationParams params;
+    std::shared_ptr<Generation> generation;
+  };
+  Scheduler(Model& model, const SchedulerOptions& options);
+
+  // Sequences that run through one Model::forward call.
+  struct Group {
+    std::vector<SeqChunk> batch;
+    std::vector<Slot*> owners;
+  };
+  void loop();
+  void admit();
+  Status step();
+  // A group's forward call issued on the device, its results not yet read.
+  struct Launched {
+    const Group* group = nullptr;
+    Tensor logits;  // [sequences, vocab] on the device
+    Tensor ids;     // the argmax of each row on the device, when every sampling row is greedy
+    bool device_argmax = false;
+  };
+  Result<Launched> launch(const Group& group);
+  Status collect(const Launched& launched);
+  void finish(Slot& slot, FinishReason reason, const std::string& error = {});
+
+  Model& model_;
+  SchedulerOptions options_;
+  PrefixCache cache_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Waiting> queue_;
+  bool stopping_ = false;
+  bool drain_ = false;
+  std::thread thread_;
+  std::once_flag joined_;
+
+  mutable std::mutex stats_mutex_;
+  SchedulerStats stats_;
+};
+
+}  // namespace kiln

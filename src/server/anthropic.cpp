@@ -1,0 +1,292 @@
+// The Anthropic Messages API: /v1/messages, streamed and not, with tools and thinking blocks.
+// Messages are translated to the OpenAI-style messages the chat template takes.
+#include <httplib.h>
+
+#include <chrono>
+
+#include "server/handlers.h"
+
+namespace kiln::server {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kPoll = std::chrono::milliseconds(50);
+
+// Text of a content field: a string or an array of blocks of which the text ones count.
+std::string block_text(const json& content) {
+  if (content.is_string()) return content.get<std::string>();
+  std::string text;
+  if (content.is_array())
+    for (const auto& b : content)
+      if (b.is_object() && string_field(b, "type") == "text" && b.contains("text") && b["text"].is_string())
+        text += b["text"].get<std::string>();
+  return text;
+}
+
+std::variant<json, ApiError> to_openai_messages(const json& system, const json& messages) {
+  json out = json::array();
+  if (!system.is_null()) {
+    if (!system.is_string() && !system.is_array())
+      return ApiError{.message = "'system' must be a string or an array of text blocks", .param = "system"};
+    out.push_back({{"role", "system"}, {"content", block_text(system)}});
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return ApiError{.message = "each message must be an object with a role", .param = param};
+    const std::string role = m["role"].get<std::string>();
+    if (role != "user" && role != "assistant")
+      return ApiError{.message = fmt::format("unknown role '{}' (user or assistant)", role), .param = param + ".role"};
+    if (!m.contains("content") || (!m["content"].is_string() && !m["content"].is_array()))
+      return ApiError{.message = "content must be a string or an array of blocks", .param = param + ".content"};
+    const json& content = m["content"];
+    if (content.is_string()) {
+      out.push_back({{"role", role}, {"content", content}});
+      continue;
+    }
+    std::string text, thinking;
+    json calls = json::array();
+    for (const auto& b : content) {
+      if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+        return ApiError{.message = "each content block needs a type", .param = param + ".content"};
+      const std::string type = b["type"].get<std::string>();
+      if (type == "text") {
+        if (!b.contains("text") || !b["text"].is_string())
+          return ApiError{.message = "a text block needs text", .param = param + ".content"};
+        text += b["text"].get<std::string>();
+      } else if (type == "thinking" && role == "assistant") {
+        if (b.contains("thinking") && b["thinking"].is_string()) thinking += b["thinking"].get<std::string>();
+      } else if (type == "redacted_thinking") {
+      } else if (type == "tool_use" && role == "assistant") {
+        if (!b.contains("name") || !b["name"].is_string())
+          return ApiError{.message = "a tool_use block needs a name", .param = param + ".content"};
+        const json input = b.contains("input") && b["input"].is_object() ? b["input"] : json::object();
+        calls.push_back({{"id", string_field(b, "id")},
+                         {"type", "function"},
+                         {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
+      } else if (type == "tool_result" && role == "user") {
+        out.push_back({{"role", "tool"},
+                       {"tool_call_id", string_field(b, "tool_use_id")},
+                       {"content", block_text(b.contains("content") ? b["content"] : json(""))}});
+      } else {
+        return ApiError{.message = fmt::format("content blocks of type '{}' are not supported here", type),
+                        .param = param + ".content"};
+      }
+    }
+    if (role == "assistant") {
+      json msg = {{"role", "assistant"}, {"content", text}};
+      if (!thinking.empty()) msg["reasoning_content"] = thinking;
+      if (!calls.empty()) msg["tool_calls"] = calls;
+      out.push_back(msg);
+    } else if (!text.empty()) {
+      out.push_back({{"role", "user"}, {"content", text}});
+    }
+  }
+  return out;
+}
+
+std::string stop_reason(const TextGeneration& gen) {
+  const std::string r = gen.finish_reason();
+  if (r == "tool_calls") return "tool_use";
+  if (r == "length") return "max_tokens";
+  if (r == "stop" && !gen.matched_stop().empty()) return "stop_sequence";
+  return "end_turn";
+}
+
+json usage_json(const TextGeneration& gen) {
+  const int64_t cached = std::max<int64_t>(0, gen.generation().cached_tokens());
+  return {{"input_tokens", gen.generation().prompt_tokens() - cached},
+          {"output_tokens", gen.completion_tokens()},
+          {"cache_read_input_tokens", cached},
+          {"cache_creation_input_tokens", 0}};
+}
+
+json tool_use_block(const ToolCall& call) {
+  json input = json::parse(call.arguments, nullptr, false);
+  if (input.is_discarded() || !input.is_object()) input = json::object();
+  return {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", call.name}, {"input", input}};
+}
+
+}  // namespace
+
+void handle_messages(Service& service, const httplib::Request& req, httplib::Response& res) {
+  const std::string endpoint = "/v1/messages";
+  auto fail = [&](const ApiError& e) {
+    service.metrics().request(endpoint, e.status);
+    respond_json(res, e.status, anthropic_error(e));
+  };
+  auto parsed = parse_body(req);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
+  const json& body = std::get<json>(parsed);
+  if (!body.is_object()) return fail(ApiError{.message = "the request body must be a JSON object"});
+  RequestFields fields(body);
+  std::string model;
+  fields.string("model", model, true);
+  if (!fields.ok()) return fail(*fields.error());
+  if (auto e = service.check_model(model)) return fail(*e);
+  GenerationRequest request;
+  request.max_tokens = -1;
+  fields.integer("max_tokens", 1, INT32_MAX, request.max_tokens);
+  if (request.max_tokens < 0) fields.fail("max_tokens", "'max_tokens' is required");
+  bool stream = false;
+  fields.boolean("stream", stream);
+  fields.strings("stop_sequences", request.stops, 16);
+  request.sampling = read_sampling(fields, 1.0f);
+  const json* messages = fields.array("messages", true);
+  const json* tools = fields.array("tools");
+  json kwargs = json::object();
+  if (const json* thinking = fields.object("thinking"))
+    kwargs["enable_thinking"] = string_field(*thinking, "type") == "enabled";
+  if (const json* choice = fields.object("tool_choice"))
+    if (string_field(*choice, "type") == "none") tools = nullptr;
+  json openai_tools = json::array();
+  if (tools) {
+    for (const auto& t : *tools) {
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) {
+        fields.fail("tools", "each tool needs a name");
+        break;
+      }
+      openai_tools.push_back({{"type", "function"},
+                              {"function",
+                               {{"name", t["name"]},
+                                {"description", string_field(t, "description")},
+                                {"parameters", t.contains("input_schema") ? t["input_schema"] : json::object()}}}});
+    }
+  }
+  if (!fields.ok()) return fail(*fields.error());
+  auto converted = to_openai_messages(body.contains("system") ? body["system"] : json(), *messages);
+  if (auto* e = std::get_if<ApiError>(&converted)) return fail(*e);
+  auto prompt = service.chat_prompt(std::get<json>(converted), tools ? &openai_tools : nullptr, kwargs);
+  if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
+  request.prompt = std::move(std::get<Prompt>(prompt));
+
+  const auto t0 = Clock::now();
+  auto started = service.start(std::move(request));
+  if (auto* e = std::get_if<ApiError>(&started)) return fail(*e);
+  std::shared_ptr<TextGeneration> gen = std::move(std::get<std::unique_ptr<TextGeneration>>(started));
+  service.metrics().request(endpoint, 200);
+  const std::string id = random_id("msg_");
+  const std::string model_name = service.model_name();
+
+  if (!stream) {
+    OutputDelta all;
+    std::vector<int32_t> ids;
+    double ttft = -1;
+    for (bool more = true; more;) {
+      more = gen->next(all, ids, kPoll);
+      if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    if (gen->finish_reason() == "error")
+      return respond_json(res, 500, anthropic_error(ApiError{.status = 500, .message = gen->error()}));
+    service.metrics().latency(std::max(ttft, 0.0), std::chrono::duration<double>(Clock::now() - t0).count());
+    json content = json::array();
+    if (!all.reasoning.empty())
+      content.push_back({{"type", "thinking"}, {"thinking", all.reasoning}, {"signature", ""}});
+    if (!all.content.empty() || all.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", all.content}});
+    for (const auto& call : all.tool_calls) content.push_back(tool_use_block(call));
+    return respond_json(res, 200,
+                        {{"id", id},
+                         {"type", "message"},
+                         {"role", "assistant"},
+                         {"model", model_name},
+                         {"content", content},
+                         {"stop_reason", stop_reason(*gen)},
+                         {"stop_sequence", gen->matched_stop().empty() ? json() : json(gen->matched_stop())},
+                         {"usage", usage_json(*gen)}});
+  }
+
+  auto event = [](const char* name, const json& data) {
+    return fmt::format("event: {}\ndata: {}\n\n", name, data.dump(-1, ' ', false, json::error_handler_t::replace));
+  };
+  struct StreamState {
+    bool started = false, done = false;
+    int index = -1;
+    std::string open;  // the type of the block being streamed ("" when none)
+    double ttft = -1;
+  };
+  auto state = std::make_shared<StreamState>();
+  respond_events(res, [=, &service](const Send& send) {
+    if (state->done) return false;
+    if (!state->started) {
+      state->started = true;
+      json usage = usage_json(*gen);
+      usage["output_tokens"] = 0;
+      json message = {{"id", id},
+                      {"type", "message"},
+                      {"role", "assistant"},
+                      {"model", model_name},
+                      {"content", json::array()},
+                      {"stop_reason", nullptr},
+                      {"stop_sequence", nullptr},
+                      {"usage", usage}};
+      if (!send(event("message_start", {{"type", "message_start"}, {"message", message}}))) return gen->cancel(), false;
+    }
+    OutputDelta delta;
+    std::vector<int32_t> ids;
+    const bool more = gen->next(delta, ids, kPoll);
+    if (state->ttft < 0 && !ids.empty()) state->ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::string out;
+    auto close_block = [&] {
+      if (state->open.empty()) return;
+      out += event("content_block_stop", {{"type", "content_block_stop"}, {"index", state->index}});
+      state->open.clear();
+    };
+    auto open_block = [&](const std::string& type, const json& block) {
+      if (state->open == type) return;
+      close_block();
+      state->open = type;
+      ++state->index;
+      out += event("content_block_start",
+                   {{"type", "content_block_start"}, {"index", state->index}, {"content_block", block}});
+    };
+    if (!delta.reasoning.empty()) {
+      open_block("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+      out += event("content_block_delta", {{"type", "content_block_delta"},
+                                           {"index", state->index},
+                                           {"delta", {{"type", "thinking_delta"}, {"thinking", delta.reasoning}}}});
+    }
+    if (!delta.content.empty()) {
+      open_block("text", {{"type", "text"}, {"text", ""}});
+      out += event("content_block_delta", {{"type", "content_block_delta"},
+                                           {"index", state->index},
+                                           {"delta", {{"type", "text_delta"}, {"text", delta.content}}}});
+    }
+    for (const auto& call : delta.tool_calls) {
+      close_block();
+      json block = tool_use_block(call);
+      const std::string input = block["input"].dump();
+      block["input"] = json::object();
+      open_block("tool_use", block);
+      out += event("content_block_delta", {{"type", "content_block_delta"},
+                                           {"index", state->index},
+                                           {"delta", {{"type", "input_json_delta"}, {"partial_json", input}}}});
+      close_block();
+    }
+    if (!more) {
+      state->done = true;
+      if (gen->finish_reason() == "error") {
+        out += event("error", anthropic_error(ApiError{.status = 500, .message = gen->error()}));
+        send(out);
+        return false;
+      }
+      if (state->index < 0) open_block("text", {{"type", "text"}, {"text", ""}});
+      close_block();
+      service.metrics().latency(std::max(state->ttft, 0.0), std::chrono::duration<double>(Clock::now() - t0).count());
+      out += event("message_delta",
+                   {{"type", "message_delta"},
+                    {"delta",
+                     {{"stop_reason", stop_reason(*gen)},
+                      {"stop_sequence", gen->matched_stop().empty() ? json() : json(gen->matched_stop())}}},
+                    {"usage", usage_json(*gen)}});
+      out += event("message_stop", {{"type", "message_stop"}});
+    }
+    if (!send(out)) return gen->cancel(), false;
+    return more;
+  });
+}
+
+}  // namespace kiln::server

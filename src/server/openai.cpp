@@ -1,0 +1,280 @@
+// The OpenAI API: /v1/chat/completions and /v1/completions, streamed and not.
+#include <httplib.h>
+
+#include <chrono>
+#include <ctime>
+#include <random>
+
+#include "server/handlers.h"
+
+namespace kiln::server {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kPoll = std::chrono::milliseconds(50);
+
+json usage_json(const TextGeneration& gen) {
+  const int64_t prompt = gen.generation().prompt_tokens();
+  const int64_t cached = std::max<int64_t>(0, gen.generation().cached_tokens());
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", gen.completion_tokens()},
+          {"total_tokens", prompt + gen.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+json tool_call_json(const ToolCall& call, size_t index, bool with_index) {
+  json j = {{"id", random_id("call_")},
+            {"type", "function"},
+            {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+  if (with_index) j["index"] = index;
+  return j;
+}
+
+// What the chat and text endpoints have in common once the prompt is known.
+struct Exchange {
+  std::string id;
+  int64_t created = 0;
+  bool stream = false;
+  bool include_usage = false;
+  bool return_token_ids = false;
+  bool chat = true;
+  std::string endpoint;
+};
+
+void run(Service& service, GenerationRequest request, Exchange ex, httplib::Response& res) {
+  const auto t0 = Clock::now();
+  const std::vector<int32_t> prompt_ids = request.prompt.ids;
+  auto started = service.start(std::move(request));
+  if (auto* e = std::get_if<ApiError>(&started)) {
+    service.metrics().request(ex.endpoint, e->status);
+    return respond_json(res, e->status, openai_error(*e));
+  }
+  std::shared_ptr<TextGeneration> gen = std::move(std::get<std::unique_ptr<TextGeneration>>(started));
+  service.metrics().request(ex.endpoint, 200);
+  const std::string model = service.model_name();
+  const char* object = ex.chat ? "chat.completion" : "text_completion";
+
+  if (!ex.stream) {
+    OutputDelta all;
+    std::vector<int32_t> ids;
+    double ttft = -1;
+    for (bool more = true; more;) {
+      more = gen->next(all, ids, kPoll);
+      if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    if (gen->finish_reason() == "error") {
+      return respond_json(res, 500,
+                          openai_error(ApiError{.status = 500, .type = "server_error", .message = gen->error()}));
+    }
+    service.metrics().latency(std::max(ttft, 0.0), std::chrono::duration<double>(Clock::now() - t0).count());
+    json choice = {{"index", 0}, {"finish_reason", gen->finish_reason()}, {"logprobs", nullptr}};
+    if (ex.chat) {
+      json message = {{"role", "assistant"},
+                      {"content", all.content.empty() && !all.tool_calls.empty() ? json() : json(all.content)}};
+      if (!all.reasoning.empty()) message["reasoning_content"] = all.reasoning;
+      if (!all.tool_calls.empty()) {
+        message["tool_calls"] = json::array();
+        for (size_t i = 0; i < all.tool_calls.size(); ++i)
+          message["tool_calls"].push_back(tool_call_json(all.tool_calls[i], i, false));
+      }
+      choice["message"] = message;
+    } else {
+      choice["text"] = all.content;
+    }
+    if (ex.return_token_ids) choice["token_ids"] = ids;
+    json body = {{"id", ex.id},         {"object", object},          {"created", ex.created},        {"model", model},
+                 {"choices", {choice}}, {"usage", usage_json(*gen)}, {"system_fingerprint", nullptr}};
+    if (ex.return_token_ids) body["prompt_token_ids"] = prompt_ids;
+    return respond_json(res, 200, body);
+  }
+
+  // streamed: one chunk per batch of new output
+  const char* chunk_object = ex.chat ? "chat.completion.chunk" : "text_completion";
+  auto chunk = [=](json choice) {
+    return json{{"id", ex.id},    {"object", chunk_object},        {"created", ex.created},
+                {"model", model}, {"system_fingerprint", nullptr}, {"choices", json::array({std::move(choice)})}};
+  };
+  auto event = [](const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; };
+  struct StreamState {
+    bool started = false, done = false;
+    size_t tool_index = 0;
+    double ttft = -1;
+  };
+  auto state = std::make_shared<StreamState>();
+  respond_events(res, [=, &service](const Send& send) {
+    if (state->done) return false;
+    if (!state->started && ex.chat) {
+      state->started = true;
+      json first = chunk({{"index", 0},
+                          {"delta", {{"role", "assistant"}, {"content", ""}}},
+                          {"logprobs", nullptr},
+                          {"finish_reason", nullptr}});
+      if (ex.return_token_ids) first["prompt_token_ids"] = prompt_ids;
+      if (!send(event(first))) return gen->cancel(), false;
+    }
+    OutputDelta delta;
+    std::vector<int32_t> ids;
+    const bool more = gen->next(delta, ids, kPoll);
+    if (state->ttft < 0 && !ids.empty()) state->ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!delta.empty() || (ex.return_token_ids && !ids.empty())) {
+      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      if (ex.chat) {
+        json d = json::object();
+        if (!delta.content.empty()) d["content"] = delta.content;
+        if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
+        if (!delta.tool_calls.empty()) {
+          d["tool_calls"] = json::array();
+          for (const auto& call : delta.tool_calls)
+            d["tool_calls"].push_back(tool_call_json(call, state->tool_index++, true));
+        }
+        choice["delta"] = d;
+      } else {
+        choice["text"] = delta.content;
+      }
+      if (ex.return_token_ids) choice["token_ids"] = ids;
+      if (!send(event(chunk(choice)))) return gen->cancel(), false;
+    } else if (more && !send("")) {
+      // nothing new: an empty write checks that the client is still there
+      return gen->cancel(), false;
+    }
+    if (more) return true;
+    state->done = true;
+    if (gen->finish_reason() == "error") {
+      send(event(openai_error(ApiError{.status = 500, .type = "server_error", .message = gen->error()})));
+      send("data: [DONE]\n\n");
+      return false;
+    }
+    service.metrics().latency(std::max(state->ttft, 0.0), std::chrono::duration<double>(Clock::now() - t0).count());
+    json last = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", gen->finish_reason()}};
+    if (ex.chat)
+      last["delta"] = json::object();
+    else
+      last["text"] = "";
+    send(event(chunk(last)));
+    if (ex.include_usage) {
+      json usage = chunk(json());
+      usage["choices"] = json::array();
+      usage["usage"] = usage_json(*gen);
+      send(event(usage));
+    }
+    send("data: [DONE]\n\n");
+    return false;
+  });
+}
+
+// Fields both endpoints read: stream, stream_options, n, stop, max_tokens, sampling.
+void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request, int64_t default_max_tokens) {
+  fields.boolean("stream", ex.stream);
+  if (const json* options = fields.object("stream_options")) {
+    RequestFields o(*options);
+    o.boolean("include_usage", ex.include_usage);
+    if (!o.ok()) fields.fail("stream_options." + o.error()->param, o.error()->message);
+  }
+  fields.boolean("return_token_ids", ex.return_token_ids);
+  int64_t n = 1;
+  fields.integer("n", 1, 1, n);
+  fields.strings("stop", request.stops, 16);
+  request.max_tokens = default_max_tokens;
+  fields.integer("max_tokens", 1, INT32_MAX, request.max_tokens);
+  if (ex.chat) fields.integer("max_completion_tokens", 1, INT32_MAX, request.max_tokens);
+  request.sampling = read_sampling(fields, 1.0f);
+}
+
+}  // namespace
+
+SamplingParams read_sampling(RequestFields& fields, float default_temperature) {
+  SamplingParams s;
+  s.temperature = default_temperature;
+  fields.number("temperature", 0, 2, s.temperature);
+  fields.number("top_p", 0, 1, s.top_p);
+  if (s.top_p <= 0) s.top_p = 1e-6f;  // keeps the most likely token only
+  int64_t top_k = 0;
+  fields.integer("top_k", -1, 1 << 30, top_k);
+  s.top_k = top_k < 0 ? 0 : int(top_k);
+  fields.number("min_p", 0, 1, s.min_p);
+  fields.number("presence_penalty", -2, 2, s.presence_penalty);
+  fields.number("frequency_penalty", -2, 2, s.frequency_penalty);
+  fields.number("repetition_penalty", 0.01, 100, s.repetition_penalty);
+  int64_t seed = -1;
+  fields.integer("seed", INT64_MIN, INT64_MAX, seed);
+  s.seed = seed == -1 ? std::random_device{}() : uint64_t(seed);
+  return s;
+}
+
+void handle_chat_completions(Service& service, const httplib::Request& req, httplib::Response& res) {
+  const std::string endpoint = "/v1/chat/completions";
+  auto fail = [&](const ApiError& e) {
+    service.metrics().request(endpoint, e.status);
+    respond_json(res, e.status, openai_error(e));
+  };
+  auto parsed = parse_body(req);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
+  const json& body = std::get<json>(parsed);
+  RequestFields fields(body);
+  if (!body.is_object()) return fail(ApiError{.message = "the request body must be a JSON object"});
+  std::string model;
+  fields.string("model", model);
+  if (auto e = service.check_model(model)) return fail(*e);
+  Exchange ex{.id = random_id("chatcmpl-"), .created = int64_t(std::time(nullptr)), .chat = true, .endpoint = endpoint};
+  GenerationRequest request;
+  read_common(fields, ex, request, 0);
+  const json* messages = fields.array("messages", true);
+  const json* tools = fields.array("tools");
+  std::string tool_choice = "auto";
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    if (body["tool_choice"].is_string()) {
+      tool_choice = body["tool_choice"].get<std::string>();
+      if (tool_choice != "none" && tool_choice != "auto" && tool_choice != "required")
+        fields.fail("tool_choice", "'tool_choice' must be none, auto, required or a function");
+    } else if (!body["tool_choice"].is_object()) {
+      fields.fail("tool_choice", "'tool_choice' must be a string or an object");
+    }
+  }
+  if (tools) {
+    for (const auto& tool : *tools)
+      if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
+          !tool["function"].contains("name") || !tool["function"]["name"].is_string())
+        fields.fail("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  json kwargs = json::object();
+  if (const json* k = fields.object("chat_template_kwargs")) kwargs = *k;
+  if (!fields.ok()) return fail(*fields.error());
+  if (tool_choice == "none") tools = nullptr;
+  auto prompt = service.chat_prompt(*messages, tools, kwargs);
+  if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
+  request.prompt = std::move(std::get<Prompt>(prompt));
+  run(service, std::move(request), ex, res);
+}
+
+void handle_completions(Service& service, const httplib::Request& req, httplib::Response& res) {
+  const std::string endpoint = "/v1/completions";
+  auto fail = [&](const ApiError& e) {
+    service.metrics().request(endpoint, e.status);
+    respond_json(res, e.status, openai_error(e));
+  };
+  auto parsed = parse_body(req);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
+  const json& body = std::get<json>(parsed);
+  if (!body.is_object()) return fail(ApiError{.message = "the request body must be a JSON object"});
+  RequestFields fields(body);
+  std::string model;
+  fields.string("model", model);
+  if (auto e = service.check_model(model)) return fail(*e);
+  Exchange ex{.id = random_id("cmpl-"), .created = int64_t(std::time(nullptr)), .chat = false, .endpoint = endpoint};
+  GenerationRequest request;
+  read_common(fields, ex, request, 16);
+  bool echo = false;
+  fields.boolean("echo", echo);
+  if (echo) fields.fail("echo", "'echo' is not supported");
+  if (!body.contains("prompt") || body["prompt"].is_null()) fields.fail("prompt", "'prompt' is required");
+  if (!fields.ok()) return fail(*fields.error());
+  auto prompt = service.text_prompt(body["prompt"]);
+  if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
+  request.prompt = std::move(std::get<Prompt>(prompt));
+  run(service, std::move(request), ex, res);
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,54 @@
+// Reading a request body's fields with type and range checks. The first problem found becomes
+// an ApiError naming the field, which the handlers return as a 4xx.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kiln::server {
+
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // the field at fault, or empty
+  std::string code;   // e.g. "model_not_found", "context_length_exceeded"
+};
+
+// j[key] when j is an object holding a string there, else "" (never throws).
+inline std::string string_field(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return "";
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+class RequestFields {
+ public:
+  explicit RequestFields(const nlohmann::json& body) : body_(body) {}
+
+  // Each reader leaves `out` untouched when the field is absent or null, and records an error
+  // (the first one wins) when it has the wrong type or range.
+  void number(const char* key, double lo, double hi, float& out);
+  void integer(const char* key, int64_t lo, int64_t hi, int64_t& out);
+  void boolean(const char* key, bool& out);
+  void string(const char* key, std::string& out, bool required = false);
+  // A string or an array of strings (OpenAI's `stop`).
+  void strings(const char* key, std::vector<std::string>& out, size_t max_count);
+  // An object or array field (`tools`, `messages`), by reference; null when absent.
+  const nlohmann::json* object(const char* key, bool required = false);
+  const nlohmann::json* array(const char* key, bool required = false);
+
+  void fail(std::string param, std::string message);
+  bool ok() const { return !error_; }
+  const std::optional<ApiError>& error() const { return error_; }
+
+ private:
+  const nlohmann::json* field(const char* key);
+  const nlohmann::json& body_;
+  std::optional<ApiError> error_;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,241 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <random>
+
+#include "server/handlers.h"
+
+namespace kiln::server {
+
+using nlohmann::json;
+
+// ---- helpers the handlers share ----
+
+void respond_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void respond_events(httplib::Response& res, EventSource source) {
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider("text/event-stream", [source = std::move(source)](size_t, httplib::DataSink& sink) {
+    bool broken = false;
+    const Send send = [&](const std::string& data) {
+      if (broken || !sink.is_writable()) return !(broken = true);
+      if (data.empty()) return true;  // a liveness check only
+      if (!sink.write(data.data(), data.size())) broken = true;
+      return !broken;
+    };
+    bool more = false;
+    try {
+      more = source(send);
+    } catch (const std::exception& e) {
+      // never let a failure in one stream take the server down: end this response
+      spdlog::error("a streamed response failed: {}", e.what());
+      return false;
+    }
+    if (broken) return false;  // the client has gone: drop the connection
+    if (!more) sink.done();
+    return true;
+  });
+}
+
+namespace {
+
+// The deepest nesting of arrays and objects in a JSON text (strings skipped), found without
+// recursion: deeply nested input is refused before anything walks it recursively.
+int nesting_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+constexpr int kMaxNesting = 64;
+
+}  // namespace
+
+std::variant<json, ApiError> parse_body(const httplib::Request& req) {
+  if (nesting_depth(req.body) > kMaxNesting)
+    return ApiError{.message = fmt::format("the request body nests deeper than {} levels", kMaxNesting)};
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded()) return ApiError{.message = "the request body is not valid JSON", .code = "invalid_json"};
+  return body;
+}
+
+json openai_error(const ApiError& e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type},
+            {"param", e.param.empty() ? json() : json(e.param)},
+            {"code", e.code.empty() ? json() : json(e.code)}}}};
+}
+
+json anthropic_error(const ApiError& e) {
+  std::string type = e.status == 401   ? "authentication_error"
+                     : e.status == 404 ? "not_found_error"
+                     : e.status == 413 ? "request_too_large"
+                     : e.status == 503 ? "overloaded_error"
+                     : e.status >= 500 ? "api_error"
+                                       : "invalid_request_error";
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", e.message}}}};
+}
+
+std::string random_id(const char* prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += digits[rng() % (sizeof(digits) - 1)];
+  return id;
+}
+
+// ---- the server ----
+
+struct Server::Impl {
+  Service service;
+  ServerOptions options;
+  httplib::Server http;
+  bool bound = false;
+
+  Impl(ServedModel model, const ServerOptions& o) : service(std::move(model)), options(o) {}
+
+  bool is_anthropic(const httplib::Request& req) const { return req.path.rfind("/v1/messages", 0) == 0; }
+
+  void error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+    respond_json(res, e.status, is_anthropic(req) ? anthropic_error(e) : openai_error(e));
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (options.api_key.empty()) return true;
+    const std::string bearer = "Bearer " + options.api_key;
+    return req.get_header_value("Authorization") == bearer || req.get_header_value("x-api-key") == options.api_key;
+  }
+
+  void routes() {
+    http.set_payload_max_length(options.max_body_bytes);
+    http.set_read_timeout(60, 0);
+    http.set_write_timeout(60, 0);
+    const int threads = options.http_threads > 0
+                            ? options.http_threads
+                            : int(std::max<int64_t>(64, 2 * service.scheduler().options().max_batch + 16));
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+      service.metrics().request(req.path, 401);
+      error(req, res,
+            ApiError{.status = 401,
+                     .type = "authentication_error",
+                     .message = "a valid API key is required (Authorization: Bearer KEY)",
+                     .code = "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    // statuses httplib sets itself (413 body too large, 404 unknown path, 400 bad HTTP) get an error body
+    http.set_error_handler(
+        httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+          if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
+          ApiError e{.status = res.status, .message = fmt::format("HTTP status {}", res.status)};
+          if (res.status == 413) e.message = fmt::format("the request body exceeds {} bytes", options.max_body_bytes);
+          if (res.status == 404) e.message = fmt::format("no endpoint {} {}", req.method, req.path);
+          if (res.status == 404) e.code = "not_found";
+          error(req, res, e);
+          return httplib::Server::HandlerResponse::Handled;
+        }));
+    http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "internal error";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      spdlog::error("{} {}: {}", req.method, req.path, what);
+      error(req, res, ApiError{.status = 500, .type = "server_error", .message = what});
+    });
+
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const SchedulerStats s = service.scheduler().stats();
+      respond_json(res, 200,
+                   {{"status", "ok"}, {"model", service.model_name()}, {"running", s.running}, {"queued", s.queued}});
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(service.metrics().prometheus(service.scheduler().stats()), "text/plain; version=0.0.4");
+    });
+    auto models = [this](const httplib::Request&, httplib::Response& res) {
+      service.metrics().request("/v1/models", 200);
+      respond_json(res, 200,
+                   {{"object", "list"},
+                    {"data",
+                     {{{"id", service.model_name()},
+                       {"object", "model"},
+                       {"created", 0},
+                       {"owned_by", "kiln"},
+                       {"max_model_len", service.context()}}}}});
+    };
+    http.Get("/v1/models", models);
+    http.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+      if (auto e = service.check_model(req.matches[1])) return error(req, res, *e);
+      respond_json(res, 200, {{"id", service.model_name()}, {"object", "model"}, {"created", 0}, {"owned_by", "kiln"}});
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_chat_completions(service, req, res);
+    });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { handle_completions(service, req, res); });
+    http.Post("/v1/messages",
+              [this](const httplib::Request& req, httplib::Response& res) { handle_messages(service, req, res); });
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() {
+  stop();
+}
+
+Result<std::unique_ptr<Server>> Server::create(ServedModel model, const ServerOptions& options) {
+  if (!model.scheduler) return make_error("the server needs a scheduler");
+  auto impl = std::make_unique<Impl>(std::move(model), options);
+  impl->routes();
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Result<int> Server::bind() {
+  const int port =
+      impl_->options.port == 0
+          ? impl_->http.bind_to_any_port(impl_->options.host)
+          : (impl_->http.bind_to_port(impl_->options.host, impl_->options.port) ? impl_->options.port : -1);
+  if (port < 0) return make_error("cannot listen on {}:{}", impl_->options.host, impl_->options.port);
+  impl_->bound = true;
+  return port;
+}
+
+Status Server::listen() {
+  if (!impl_->bound) KILN_TRY(bind());
+  if (!impl_->http.listen_after_bind() && impl_->http.is_running()) return make_error("the HTTP listener failed");
+  return ok_status();
+}
+
+void Server::stop() {
+  impl_->http.stop();
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,43 @@
+// kiln's HTTP server: the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models), the
+// Anthropic Messages API (/v1/messages), /health and /metrics, on top of a Scheduler.
+//
+// cpp-httplib does the HTTP; each connection has a thread, which for a generation waits on the
+// scheduler's stream and forwards it as JSON or server-sent events. A client that disconnects
+// cancels its generation, which frees its batch slot at the next step.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "server/service.h"
+
+namespace kiln::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;      // 0: any free port
+  std::string api_key;  // empty: no authentication
+  size_t max_body_bytes = 8 << 20;
+  int http_threads = 0;  // 0: enough for every batch slot plus spare
+};
+
+class Server {
+ public:
+  static Result<std::unique_ptr<Server>> create(ServedModel model, const ServerOptions& options);
+  ~Server();
+
+  // Binds the listening socket; returns the port (the chosen one when options.port is 0).
+  Result<int> bind();
+  // Serves until stop(); returns when the listener has closed.
+  Status listen();
+  // Stops accepting connections and ends listen() (callable from any thread).
+  void stop();
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,227 @@
+#include "server/service.h"
+
+#include <fmt/format.h>
+
+namespace kiln::server {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+namespace {
+
+ApiError bad_request(std::string message, std::string param = {}) {
+  return ApiError{.status = 400, .message = std::move(message), .param = std::move(param)};
+}
+
+// A message's content as one string: a string, null, or an array of text parts.
+std::variant<std::string, ApiError> content_text(const json& content, size_t index) {
+  const std::string param = fmt::format("messages[{}].content", index);
+  if (content.is_null()) return std::string();
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return bad_request("content must be a string or an array of content parts", param);
+  std::string text;
+  for (const auto& part : content) {
+    if (part.is_string()) {
+      text += part.get<std::string>();
+      continue;
+    }
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      return bad_request("each content part must be an object with a type", param);
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text" && type != "input_text")
+      return bad_request(fmt::format("content parts of type '{}' are not supported (text only)", type), param);
+    if (!part.contains("text") || !part["text"].is_string())
+      return bad_request("a text part needs a text string", param);
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+Service::Service(ServedModel model) : model_(std::move(model)) {
+  if (model_.tokenizer) {
+    const Tokenizer& t = *model_.tokenizer;
+    format_ = OutputFormat::for_vocabulary([&](const std::string& token) { return t.token_to_id(token).has_value(); });
+  }
+}
+
+std::optional<ApiError> Service::check_model(const std::string& requested) const {
+  if (requested.empty() || requested == model_.name) return std::nullopt;
+  return ApiError{
+      .status = 404,
+      .message = fmt::format("The model '{}' does not exist; this server serves '{}'", requested, model_.name),
+      .param = "model",
+      .code = "model_not_found"};
+}
+
+std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const json* tools,
+                                                    const json& template_kwargs) const {
+  if (!model_.tokenizer || !model_.chat_template)
+    return bad_request("this model has no tokenizer and chat template; use /v1/completions with token ids");
+  if (!messages.is_array() || messages.empty()) return bad_request("'messages' must be a non-empty array", "messages");
+  ChatRequest request;
+  std::map<std::string, std::string> call_names;  // tool call id -> function name
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return bad_request("each message must be an object with a role", param);
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      return bad_request(fmt::format("unknown role '{}'", role), param + ".role");
+    auto content = content_text(m.contains("content") ? m["content"] : json(), i);
+    if (auto* e = std::get_if<ApiError>(&content)) return *e;
+    ordered_json out = {{"role", role}, {"content", std::get<std::string>(content)}};
+    if (role == "assistant" && m.contains("reasoning_content") && m["reasoning_content"].is_string())
+      out["reasoning_content"] = m["reasoning_content"];
+    if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (!m["tool_calls"].is_array()) return bad_request("tool_calls must be an array", param + ".tool_calls");
+      ordered_json calls = ordered_json::array();
+      for (const auto& call : m["tool_calls"]) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+            !call["function"].contains("name") || !call["function"]["name"].is_string())
+          return bad_request("each tool call needs a function with a name", param + ".tool_calls");
+        const json& f = call["function"];
+        ordered_json args = ordered_json::object();
+        if (f.contains("arguments") && f["arguments"].is_string()) {
+          args = ordered_json::parse(f["arguments"].get<std::string>(), nullptr, false);
+          if (args.is_discarded()) return bad_request("tool call arguments must be JSON", param + ".tool_calls");
+        } else if (f.contains("arguments") && f["arguments"].is_object()) {
+          args = f["arguments"];
+        }
+        const std::string id = string_field(call, "id");
+        call_names[id] = f["name"].get<std::string>();
+        calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", f["name"]}, {"arguments", args}}}});
+      }
+      out["tool_calls"] = calls;
+    }
+    if (role == "tool") {
+      const std::string id =
+          m.contains("tool_call_id") && m["tool_call_id"].is_string() ? m["tool_call_id"].get<std::string>() : "";
+      out["tool_call_id"] = id;
+      if (m.contains("name") && m["name"].is_string())
+        out["name"] = m["name"];
+      else if (call_names.count(id))
+        out["name"] = call_names[id];
+    }
+    request.messages.push_back(std::move(out));
+  }
+  if (tools && !tools->empty()) request.tools = ordered_json(*tools);
+  if (template_kwargs.is_object())
+    for (const auto& [k, v] : template_kwargs.items()) request.extra_variables[k] = v;
+  auto rendered = model_.chat_template->render(request);
+  if (!rendered.ok()) return bad_request("the chat template failed: " + rendered.error().message, "messages");
+  auto ids = model_.tokenizer->encode(*rendered, /*add_special_tokens=*/false);
+  if (!ids.ok()) return bad_request(ids.error().message, "messages");
+  Prompt prompt{.ids = std::move(ids).value(), .format = format_};
+  if (!request.tools) prompt.format.call_open = prompt.format.call_close = "";
+  if (request.tools) prompt.format.tool_schemas = *tools;
+  std::string tail = *rendered;
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+  const std::string& open = prompt.format.think_open;
+  prompt.format.starts_in_reasoning =
+      !open.empty() && tail.size() >= open.size() && tail.compare(tail.size() - open.size(), open.size(), open) == 0;
+  return prompt;
+}
+
+std::variant<Prompt, ApiError> Service::text_prompt(const json& p) const {
+  const json* prompt = &p;
+  if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array()))
+    prompt = &(*prompt)[0];
+  Prompt out;
+  if (prompt->is_string()) {
+    if (!model_.tokenizer) return bad_request("this model has no tokenizer; send the prompt as token ids", "prompt");
+    auto ids = model_.tokenizer->encode(prompt->get<std::string>(), /*add_special_tokens=*/true);
+    if (!ids.ok()) return bad_request(ids.error().message, "prompt");
+    out.ids = std::move(ids).value();
+  } else if (prompt->is_array()) {
+    const int64_t vocab = model_.scheduler->model().info().vocab_size;
+    for (const auto& id : *prompt) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+        return bad_request(fmt::format("prompt token ids must be integers in [0, {})", vocab), "prompt");
+      out.ids.push_back(int32_t(id.get<int64_t>()));
+    }
+  } else {
+    return bad_request("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
+  }
+  if (out.ids.empty()) return bad_request("the prompt is empty", "prompt");
+  return out;
+}
+
+std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(GenerationRequest request) {
+  const int64_t n = int64_t(request.prompt.ids.size());
+  if (n == 0) return bad_request("the prompt is empty");
+  if (n >= context())
+    return ApiError{.message = fmt::format("This model's context holds {} tokens; the prompt has {}", context(), n),
+                    .param = "messages",
+                    .code = "context_length_exceeded"};
+  if (request.max_tokens > 0 && n + request.max_tokens > context())
+    return ApiError{
+        .message = fmt::format("The prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n,
+                               request.max_tokens, context()),
+        .param = "max_tokens",
+        .code = "context_length_exceeded"};
+  GenerationParams params{.prompt = request.prompt.ids, .sampling = request.sampling, .max_tokens = request.max_tokens};
+  if (model_.tokenizer) params.stop_ids = model_.tokenizer->eos_ids();
+  auto generation = model_.scheduler->submit(std::move(params));
+  if (!generation.ok()) return ApiError{.status = 503, .type = "server_error", .message = generation.error().message};
+  return std::make_unique<TextGeneration>(
+      std::move(generation).value(), model_.tokenizer,
+      TextGenerationOptions{.stops = request.stops, .format = request.prompt.format});
+}
+
+void Metrics::request(const std::string& endpoint, int status) {
+  std::lock_guard lock(mutex_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::latency(double ttft, double total) {
+  std::lock_guard lock(mutex_);
+  ttft_sum_ += ttft;
+  e2e_sum_ += total;
+  ++latency_count_;
+  for (size_t i = 0; i < std::size(kBuckets); ++i)
+    if (ttft <= kBuckets[i]) ++ttft_buckets_[i];
+}
+
+std::string Metrics::prometheus(const SchedulerStats& s) const {
+  std::lock_guard lock(mutex_);
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+  };
+  out += "# HELP kiln_http_requests_total HTTP requests by endpoint and status.\n";
+  out += "# TYPE kiln_http_requests_total counter\n";
+  for (const auto& [key, count] : requests_)
+    out += fmt::format("kiln_http_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, count);
+  metric("kiln_requests_finished_total", "counter", "Generations finished (any reason).", s.requests_finished);
+  metric("kiln_queue_depth", "gauge", "Generations waiting for a batch slot.", s.queued);
+  metric("kiln_running_sequences", "gauge", "Generations in the running batch.", s.running);
+  metric("kiln_batch_size", "gauge", "Sequences in the most recent step.", s.last_batch);
+  metric("kiln_batch_size_mean", "gauge", "Mean sequences per step since start.",
+         s.steps ? double(s.step_rows) / double(s.steps) : 0.0);
+  metric("kiln_steps_total", "counter", "Batched forward steps.", s.steps);
+  metric("kiln_step_seconds_total", "counter", "Time spent in forward steps.", s.step_seconds);
+  metric("kiln_prompt_tokens_total", "counter", "Prompt tokens submitted.", s.prompt_tokens);
+  metric("kiln_prefill_tokens_total", "counter", "Prompt tokens run through the model.", s.prefilled_tokens);
+  metric("kiln_cached_prompt_tokens_total", "counter", "Prompt tokens reused from the prefix cache.", s.cached_tokens);
+  metric("kiln_generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
+  metric("kiln_prefix_cache_hits_total", "counter", "Generations that started from a cached prefix.", s.cache_hits);
+  metric("kiln_prefix_cache_misses_total", "counter", "Generations that found no cached prefix.", s.cache_misses);
+  metric("kiln_prefix_cache_bytes", "gauge", "Bytes held by the prefix cache.", s.cache_bytes);
+  metric("kiln_prefix_cache_entries", "gauge", "Snapshots held by the prefix cache.", s.cache_entries);
+  out += "# HELP kiln_time_to_first_token_seconds Time from request to first token.\n";
+  out += "# TYPE kiln_time_to_first_token_seconds histogram\n";
+  for (size_t i = 0; i < std::size(kBuckets); ++i)
+    out += fmt::format("kiln_time_to_first_token_seconds_bucket{{le=\"{}\"}} {}\n", kBuckets[i], ttft_buckets_[i]);
+  out += fmt::format("kiln_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}\n", latency_count_);
+  out += fmt::format("kiln_time_to_first_token_seconds_sum {}\nkiln_time_to_first_token_seconds_count {}\n", ttft_sum_,
+                     latency_count_);
+  metric("kiln_request_duration_seconds_sum", "counter", "Total time of finished generations.", e2e_sum_);
+  metric("kiln_request_duration_seconds_count", "counter", "Finished generations timed.", latency_count_);
+  return out;
+}
+
+}  // namespace kiln::server

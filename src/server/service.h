@@ -1,0 +1,88 @@
+// What the HTTP endpoints share, independent of protocol: the served model (scheduler,
+// tokenizer, chat template), turning messages or prompts into token ids, starting generations,
+// and the counters /metrics reports.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/scheduler.h"
+#include "server/output_parser.h"
+#include "server/request_fields.h"
+#include "server/text_generation.h"
+#include "text/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
+
+namespace kiln::server {
+
+struct ServedModel {
+  Scheduler* scheduler = nullptr;
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: the model directory has no tokenizer files
+  std::optional<ChatTemplate> chat_template;
+  std::string name;  // the id clients pass as "model"
+};
+
+struct Prompt {
+  std::vector<int32_t> ids;
+  OutputFormat format;  // how to read the output (chat); plain text otherwise
+};
+
+struct GenerationRequest {
+  Prompt prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 0;  // 0: up to the context
+  std::vector<std::string> stops;
+};
+
+// Request and latency counters for /metrics.
+class Metrics {
+ public:
+  void request(const std::string& endpoint, int status);
+  void latency(double first_token_seconds, double total_seconds);
+  std::string prometheus(const SchedulerStats& stats) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, int64_t> requests_;
+  double ttft_sum_ = 0, e2e_sum_ = 0;
+  int64_t latency_count_ = 0;
+  // bucketed time to first token, seconds
+  static constexpr double kBuckets[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  int64_t ttft_buckets_[std::size(kBuckets)] = {};
+};
+
+class Service {
+ public:
+  explicit Service(ServedModel model);
+
+  const std::string& model_name() const { return model_.name; }
+  const ServedModel& model() const { return model_; }
+  Scheduler& scheduler() { return *model_.scheduler; }
+  Metrics& metrics() { return metrics_; }
+  int64_t context() const { return model_.scheduler->options().context; }
+
+  // Renders OpenAI-style messages (and tools) with the chat template and tokenizes the result.
+  std::variant<Prompt, ApiError> chat_prompt(const nlohmann::json& messages, const nlohmann::json* tools,
+                                             const nlohmann::json& template_kwargs) const;
+  // A completion prompt: text, or token ids (an array of integers).
+  std::variant<Prompt, ApiError> text_prompt(const nlohmann::json& prompt) const;
+
+  std::variant<std::unique_ptr<TextGeneration>, ApiError> start(GenerationRequest request);
+
+  // Checks the request's "model" field against the served model.
+  std::optional<ApiError> check_model(const std::string& requested) const;
+
+ private:
+  ServedModel model_;
+  OutputFormat format_;
+  Metrics metrics_;
+};
+
+}  // namespace kiln::server

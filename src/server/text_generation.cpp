@@ -1,0 +1,72 @@
+#include "server/text_generation.h"
+
+namespace kiln::server {
+
+TokenText::TokenText(std::shared_ptr<const Tokenizer> tokenizer, const std::vector<std::string>& kept_markers)
+    : tokenizer_(tokenizer), decoder_(tokenizer, /*skip_special_tokens=*/false) {
+  for (const auto& marker : kept_markers)
+    if (auto id = tokenizer_->token_to_id(marker)) kept_.insert(*id);
+}
+
+std::string TokenText::push(int32_t id) {
+  if (!tokenizer_->is_special(id)) return decoder_.push(id);
+  if (!kept_.count(id)) return "";
+  return decoder_.flush() + tokenizer_->id_to_token(id).value_or("");
+}
+
+std::string TokenText::flush() {
+  return decoder_.flush();
+}
+
+TextGeneration::TextGeneration(std::shared_ptr<Generation> generation, std::shared_ptr<const Tokenizer> tokenizer,
+                               TextGenerationOptions options)
+    : generation_(std::move(generation)), stop_(options.stops), parser_(options.format) {
+  if (tokenizer) text_ = std::make_unique<TokenText>(tokenizer, options.format.markers());
+}
+
+TextGeneration::~TextGeneration() {
+  if (!finished_) generation_->cancel();
+}
+
+void TextGeneration::add(OutputDelta& into, const OutputDelta& from) {
+  into.content += from.content;
+  into.reasoning += from.reasoning;
+  for (const auto& call : from.tool_calls) into.tool_calls.push_back(call);
+  tool_calls_ += int64_t(from.tool_calls.size());
+}
+
+bool TextGeneration::next(OutputDelta& delta, std::vector<int32_t>& ids, std::chrono::milliseconds timeout) {
+  if (finished_) return false;
+  Generation::Update update = generation_->wait(timeout);
+  for (int32_t id : update.tokens) {
+    ++tokens_;
+    ids.push_back(id);
+    if (!text_) continue;
+    add(delta, parser_.push(stop_.push(text_->push(id))));
+    if (stop_.stopped()) {
+      // the text reached a stop string: nothing after it is wanted
+      generation_->cancel();
+      finished_ = true;
+      reason_ = FinishReason::stop;
+      add(delta, parser_.finish());
+      return false;
+    }
+  }
+  if (update.finish == FinishReason::running) return true;
+  finished_ = true;
+  reason_ = update.finish;
+  error_ = update.error;
+  if (text_) {
+    add(delta, parser_.push(stop_.push(text_->flush())));
+    if (!stop_.stopped()) add(delta, parser_.push(stop_.flush()));
+    add(delta, parser_.finish());
+  }
+  return false;
+}
+
+std::string TextGeneration::finish_reason() const {
+  if (reason_ == FinishReason::stop && tool_calls_ > 0) return "tool_calls";
+  return finish_reason_name(reason_);
+}
+
+}  // namespace kiln::server

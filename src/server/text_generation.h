@@ -1,0 +1,73 @@
+// One request's generation as text: the scheduler's tokens detokenized, cut at stop strings and
+// split into reasoning, answer and tool calls. Protocol handlers (OpenAI, Anthropic) read deltas
+// from it and format them.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "runtime/scheduler.h"
+#include "runtime/stop_strings.h"
+#include "server/output_parser.h"
+#include "text/tokenizer/tokenizer.h"
+
+namespace kiln::server {
+
+// Detokenization that keeps the special tokens an output parser needs (other special tokens are
+// skipped, as HF's skip_special_tokens does).
+class TokenText {
+ public:
+  TokenText(std::shared_ptr<const Tokenizer> tokenizer, const std::vector<std::string>& kept_markers);
+  std::string push(int32_t id);
+  std::string flush();
+
+ private:
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  IncrementalDecoder decoder_;
+  std::unordered_set<int32_t> kept_;
+};
+
+struct TextGenerationOptions {
+  std::vector<std::string> stops;
+  OutputFormat format;  // tools == none and no think markers: everything is content
+};
+
+class TextGeneration {
+ public:
+  // `tokenizer` may be null (a model without tokenizer files): then no text comes out, only ids.
+  TextGeneration(std::shared_ptr<Generation> generation, std::shared_ptr<const Tokenizer> tokenizer,
+                 TextGenerationOptions options);
+  ~TextGeneration();  // cancels the generation if it still runs
+
+  // Waits up to `timeout` for more output; `delta` and `ids` receive what arrived. Returns false
+  // once the generation has ended (the last call may still carry output).
+  bool next(OutputDelta& delta, std::vector<int32_t>& ids, std::chrono::milliseconds timeout);
+  void cancel() { generation_->cancel(); }
+
+  bool finished() const { return finished_; }
+  // "stop", "length", "tool_calls", "cancelled" or "error" (after the end).
+  std::string finish_reason() const;
+  const std::string& error() const { return error_; }
+  const std::string& matched_stop() const { return stop_.matched(); }
+  bool called_tools() const { return tool_calls_ > 0; }
+  int64_t completion_tokens() const { return tokens_; }
+  const Generation& generation() const { return *generation_; }
+
+ private:
+  void add(OutputDelta& into, const OutputDelta& from);
+
+  std::shared_ptr<Generation> generation_;
+  std::unique_ptr<TokenText> text_;
+  StopMatcher stop_;
+  OutputParser parser_;
+  bool finished_ = false;
+  FinishReason reason_ = FinishReason::running;
+  std::string error_;
+  int64_t tokens_ = 0;
+  int64_t tool_calls_ = 0;
+};
+
+}  // namespace kiln::server

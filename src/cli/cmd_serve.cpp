@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/default_model.h"
 #include "models/model.h"
 #include "runtime/scheduler.h"
 #include "server/server.h"
@@ -49,14 +50,8 @@ bool wait_for_signal(int timeout_ms) {
   return read(signal_pipe[0], &byte, 1) == 1;
 }
 
-// The model directory to serve: the one given, else the bundled default.
-Result<std::string> resolve_model_dir(const std::string& given) {
-  if (!given.empty()) return given;
-  return make_error("no MODEL_DIR given (and no bundled default model)");
-}
-
 Status serve(ServeOptions o) {
-  KILN_ASSIGN(const std::string model_dir, resolve_model_dir(o.model_dir));
+  KILN_ASSIGN(const std::string model_dir, resolve_model_dir(o.model_dir));  // the bundled model when none is named
   if (pipe(signal_pipe) != 0) return make_error("cannot create the signal pipe");
   struct sigaction action {};
   action.sa_handler = on_stop_signal;

@@ -37,11 +37,11 @@ struct SchedulerOptions {
   int64_t cache_block = 256;      // prompts are snapshotted every this many tokens
   // Batch-invariant steps: a generation's tokens do not depend on what else runs. Decode rows go
   // through the model in forward calls of at most invariant_rows sequences (the GPU backend's
-  // few-row kernels compute each row the same way for 1 to 8 rows; larger products may choose
-  // other kernels by row count), and each prompt chunk runs in a forward call of its own, at
-  // positions fixed by prefill_chunk. Costs more forward calls per step.
+  // streaming product kernels compute each row the same way for 1 to 32 rows; larger products
+  // may choose other kernels by row count), and each prompt chunk runs in a forward call of its
+  // own, at positions fixed by prefill_chunk. Costs more forward calls per step beyond 32 rows.
   bool batch_invariant = false;
-  int64_t invariant_rows = 8;
+  int64_t invariant_rows = 32;
 };
 
 struct GenerationParams {

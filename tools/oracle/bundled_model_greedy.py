@@ -55,10 +55,12 @@ def load_model(model_dir):
     cfg._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     ours, _, n_quantized = mq.load_dequantized(model_dir)
+    # kiln quantize writes mlx-lm's layout: conv weights [C, K, 1] and the norms stored as 1 + w
+    mlx_norms = any(k.endswith("conv1d.weight") and v.shape[-1] == 1 for k, v in ours.items())
     used = set()
     with torch.no_grad():
         for full, p in model.named_parameters():
-            v = mq.hf_tensor(mq.canonical(full), p.shape, ours, "qwen", False, used)
+            v = mq.hf_tensor(mq.canonical(full), p.shape, ours, "qwen", mlx_norms, used)
             assert tuple(v.shape) == tuple(p.shape), (full, tuple(v.shape), tuple(p.shape))
             p.copy_(v.to(p.dtype))
     unused = sorted(set(ours) - used - {"lm_head.weight"})

@@ -28,10 +28,12 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x)
   }
 }
 
-// acc[m] += x[m] · w_row for one weight row, the calling warp's lanes splitting the row.
+// acc[m] += x[m] · w_row for one weight row and the first `rows` of M input rows, the calling
+// warp's lanes splitting the row. Each input row's sum is formed in the same order whatever M and
+// `rows` are: a product of many rows gives every row the bits it would get alone.
 template <int M>
 __device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx, const uint4* __restrict__ wr,
-                                         int64_t chunks, int lane, float (&acc)[M]) {
+                                         int64_t chunks, int lane, int rows, float (&acc)[M]) {
   int64_t c = lane;
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
     uint4 wv[kUnroll];
@@ -39,6 +41,7 @@ __device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx
     for (int u = 0; u < kUnroll; ++u) wv[u] = __ldg(wr + c + 32 * u);  // all loads in flight first
 #pragma unroll
     for (int m = 0; m < M; ++m) {
+      if (m >= rows) break;
       const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) fma8(acc[m], wv[u], __ldg(xr + c + 32 * u));
@@ -47,7 +50,10 @@ __device__ __forceinline__ void row_dots(const bf16* __restrict__ x, int64_t ldx
   for (; c < chunks; c += 32) {
     const uint4 wv = __ldg(wr + c);
 #pragma unroll
-    for (int m = 0; m < M; ++m) fma8(acc[m], wv, __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + c));
+    for (int m = 0; m < M; ++m) {
+      if (m >= rows) break;
+      fma8(acc[m], wv, __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + c));
+    }
   }
 }
 
@@ -65,7 +71,7 @@ struct Products {
 
 template <int M, typename O>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const bf16* __restrict__ x, int64_t ldx, Products p, int64_t k) {
+    gemv_kernel(const bf16* __restrict__ x, int64_t ldx, Products p, int64_t k, int rows) {
   wait_for_inputs();
   int s = 0;
   while (s + 1 < p.count && int(blockIdx.x) >= p.block_end[s]) ++s;
@@ -76,10 +82,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(p.w[s] + row * k), k / 8, lane, acc);
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(p.w[s] + row * k), k / 8, lane, rows, acc);
   O* out = static_cast<O*>(p.out[s]);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
+    if (m >= rows) break;
     const float v = warp_sum(acc[m]);
     if (lane == 0) out[m * p.ldo[s] + row] = from_float<O>(v);
   }
@@ -89,7 +96,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int M, typename O>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_glu_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ gate, const bf16* __restrict__ up,
-                    O* __restrict__ out, int64_t ldo, int64_t n, int64_t k, bool gelu) {
+                    O* __restrict__ out, int64_t ldo, int64_t n, int64_t k, bool gelu, int rows) {
   wait_for_inputs();
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -97,16 +104,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   float g[M], u[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) g[m] = u[m] = 0.0f;
-  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(gate + row * k), k / 8, lane, g);
-  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(up + row * k), k / 8, lane, u);
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(gate + row * k), k / 8, lane, rows, g);
+  row_dots<M>(x, ldx, reinterpret_cast<const uint4*>(up + row * k), k / 8, lane, rows, u);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
+    if (m >= rows) break;
     const float gv = warp_sum(g[m]), uv = warp_sum(u[m]);
     if (lane == 0) out[m * ldo + row] = from_float<O>((gelu ? gelu_tanh(gv) : silu(gv)) * uv);
   }
 }
 
-// Calls f(std::integral_constant<int, M>{}) for the row count m (1..8).
+// Calls f(std::integral_constant<int, M>{}) with M the row count m for 1..8, and 16 or 32 (the
+// kernels then stop at m) up to kMaxRows.
+constexpr int64_t kMaxRows = 32;
 template <typename F>
 void dispatch_rows(int64_t m, F&& f) {
   switch (m) {
@@ -131,9 +141,14 @@ void dispatch_rows(int64_t m, F&& f) {
     case 7:
       f(std::integral_constant<int, 7>{});
       break;
-    default:
+    case 8:
       f(std::integral_constant<int, 8>{});
       break;
+    default:
+      if (m <= 16)
+        f(std::integral_constant<int, 16>{});
+      else
+        f(std::integral_constant<int, 32>{});
   }
 }
 
@@ -143,8 +158,8 @@ bool aligned16(const void* p) {
 
 // The inputs the streaming kernels take: a few bf16 rows, 16-byte aligned, k a multiple of 8.
 bool streamable(const Tensor& x) {
-  return x.rows() >= 1 && x.rows() <= 8 && x.cols() % 8 == 0 && x.dtype() == DType::bf16 && aligned16(x.data()) &&
-         (x.row_stride() * 2) % 16 == 0;
+  return x.rows() >= 1 && x.rows() <= kMaxRows && x.cols() % 8 == 0 && x.dtype() == DType::bf16 &&
+         aligned16(x.data()) && (x.row_stride() * 2) % 16 == 0;
 }
 
 bool streamable_weight(const Tensor& w, int64_t k) {
@@ -186,9 +201,9 @@ bool small_matmul_many(const Tensor& x, const Tensor* weights, Tensor* outs, int
   dispatch_rows(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
     if (f32_out)
-      launch(gemv_kernel<M, float>, blocks, kWarps * 32, 0, stream, x.data_as<bf16>(), x.row_stride(), p, k);
+      launch(gemv_kernel<M, float>, blocks, kWarps * 32, 0, stream, x.data_as<bf16>(), x.row_stride(), p, k, int(m));
     else
-      launch(gemv_kernel<M, bf16>, blocks, kWarps * 32, 0, stream, x.data_as<bf16>(), x.row_stride(), p, k);
+      launch(gemv_kernel<M, bf16>, blocks, kWarps * 32, 0, stream, x.data_as<bf16>(), x.row_stride(), p, k, int(m));
   });
   return true;
 }
@@ -207,10 +222,10 @@ bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Act
     constexpr int M = decltype(rows)::value;
     if (out.dtype() == DType::f32)
       launch(gemv_glu_kernel<M, float>, blocks, kWarps * 32, 0, stream, xs, x.row_stride(), gate.data_as<bf16>(),
-             up.data_as<bf16>(), out.data_as<float>(), ldo, n, k, gelu);
+             up.data_as<bf16>(), out.data_as<float>(), ldo, n, k, gelu, int(m));
     else
       launch(gemv_glu_kernel<M, bf16>, blocks, kWarps * 32, 0, stream, xs, x.row_stride(), gate.data_as<bf16>(),
-             up.data_as<bf16>(), out.data_as<bf16>(), ldo, n, k, gelu);
+             up.data_as<bf16>(), out.data_as<bf16>(), ldo, n, k, gelu, int(m));
   });
   return true;
 }

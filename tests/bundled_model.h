@@ -35,10 +35,9 @@ inline std::vector<RecordedPrompt> recorded_prompts() {
 inline Result<std::vector<int32_t>> greedy_continuation(Model& model, const std::vector<int32_t>& prompt,
                                                         size_t n_tokens) {
   KILN_ASSIGN(auto state, model.new_sequence(int64_t(prompt.size() + n_tokens)));
-  KILN_ASSIGN(Tensor logits, run_tokens(model, *state, prompt, 0, LogitRows::last));
-  Tensor host = model.backend().to_host(logits);
+  KILN_ASSIGN(Tensor logits, run_tokens(model, *state, prompt, 0, LogitRows::last));  // host f32
   const int64_t vocab = model.info().vocab_size;
-  const float* row = host.data_as<float>();
+  const float* row = logits.data_as<float>();
   std::vector<int32_t> got = {int32_t(std::max_element(row, row + vocab) - row)};
   std::vector<SequenceState*> seqs = {state.get()};
   KILN_ASSIGN(auto loop, DecodeLoop::create(model, seqs, std::vector<int32_t>{got[0]}));

@@ -60,6 +60,19 @@ TEST(JinjaLimits, OutputSizeIsBounded) {
   EXPECT_EQ(failure.kind, FailureKind::limit);
 }
 
+// truncate as Python runs it: a huge length does not overflow, and a sequence that needs cutting
+// fails as Python's str methods would on a tuple, instead of crashing.
+TEST(JinjaLimits, TruncateTakesAnyLengthAndValue) {
+  auto kept = render("{{ (122,)|truncate(9223372036854775807) }}", Json::object(), RenderOptions{}, nullptr);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(*kept, "(122,)");
+  TemplateFailure failure;
+  EXPECT_FALSE(render("{{ (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)|truncate(3, end='') }}", Json::object(),
+                      RenderOptions{}, &failure)
+                   .ok());
+  EXPECT_EQ(failure.kind, FailureKind::runtime);
+}
+
 TEST(JinjaLimits, RunawayLoopsStop) {
   RenderOptions options;
   options.limits.max_steps = 100000;

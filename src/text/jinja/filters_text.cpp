@@ -250,8 +250,12 @@ Value filter_truncate(Renderer& r, const Value& v, CallArgs& args) {
   int64_t end_length = length(a[2]);
   if (max_length < end_length) fail(FailureKind::runtime, "expected length >= {}, got {}", end_length, max_length);
   if (leeway < 0) fail(FailureKind::runtime, "expected leeway >= 0, got {}", leeway);
-  if (size <= max_length + leeway) return v;
+  if (size - leeway <= max_length) return v;  // len(s) <= length + leeway, without overflow
   Value head = slice(v, std::nullopt, max_length - end_length, std::nullopt);
+  // Python slices a list or tuple too, then fails to join it with the end string
+  if (!head.is_string() && truthy(a[1]))
+    fail(FailureKind::runtime, "can only concatenate {} (not \"str\") to {}", type_name(head), type_name(head));
+  if (!head.is_string()) fail(FailureKind::runtime, "'{}' object has no attribute 'rsplit'", type_name(head));
   std::string end = r.str(a[2]);
   if (truthy(a[1])) return Value::string(head.as_string() + end);
   return Value::string(py::rsplit(head.as_string(), std::string(" "), 1).front() + end);

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "gpu_test_util.h"
 #include "models/model.h"
 #include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
@@ -13,48 +14,12 @@
 namespace kiln::test {
 namespace {
 
-class Gpu : public testing::Test {
+class Gpu : public GpuTest {
  protected:
-  void SetUp() override {
-    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-    auto made = make_cuda_backend(0);
-    ASSERT_TRUE(made.ok()) << made.error().message;
-    gpu = std::move(made).value();
-  }
-  void TearDown() override {
-    if (gpu) {
-      EXPECT_TRUE(gpu->status().ok()) << gpu->status().error().message;
-    }
-  }
-
-  // A random host f32 tensor whose values are exactly representable in bf16.
-  Tensor random(Shape shape, float std = 1.0f) {
-    Tensor t = host_tensor(DType::f32, shape);
-    std::normal_distribution<float> dist(0.0f, std);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
-    return t;
-  }
+  Gpu() : GpuTest(7) {}
   Tensor to_gpu(const Tensor& host, DType dtype = DType::bf16) { return gpu->upload(host, dtype); }
-  void moe_case(int64_t inter);
   Tensor from_gpu(const Tensor& device) { return gpu->to_host(device); }
-
- public:
-  // max |a - b| / max |b|
-  static double rel(const Tensor& a, const Tensor& b) {
-    double diff = 0, scale = 1e-30;
-    for (int64_t i = 0; i < b.numel(); ++i) {
-      const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
-      if (std::isnan(x)) return INFINITY;
-      diff = std::max(diff, std::fabs(x - y));
-      scale = std::max(scale, std::fabs(y));
-    }
-    return diff / scale;
-  }
-
- protected:
-  std::unique_ptr<Backend> gpu;
-  CpuBackend cpu{4};
-  std::mt19937 rng{7};
+  void moe_case(int64_t inter);
 };
 
 TEST_F(Gpu, Matmul) {

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "gpu_test_util.h"
 #include "models/model.h"
 #include "quant_test_util.h"
 #include "runtime/prefill.h"
@@ -15,40 +16,9 @@
 namespace kiln::test {
 namespace {
 
-class GpuQuant : public testing::Test {
+class GpuQuant : public GpuTest {
  protected:
-  void SetUp() override {
-    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-    auto made = make_cuda_backend(0);
-    ASSERT_TRUE(made.ok()) << made.error().message;
-    gpu = std::move(made).value();
-  }
-  void TearDown() override {
-    if (gpu) {
-      EXPECT_TRUE(gpu->status().ok()) << gpu->status().error().message;
-    }
-  }
-  // Values exactly representable in bf16, so that only the products' rounding differs.
-  Tensor random(Shape shape, float std = 1.0f) {
-    Tensor t = host_tensor(DType::f32, shape);
-    std::normal_distribution<float> dist(0.0f, std);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
-    return t;
-  }
-  static double rel(const Tensor& a, const Tensor& b) {
-    double diff = 0, scale = 1e-30;
-    for (int64_t i = 0; i < b.numel(); ++i) {
-      const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
-      if (std::isnan(x)) return INFINITY;
-      diff = std::max(diff, std::fabs(x - y));
-      scale = std::max(scale, std::fabs(y));
-    }
-    return diff / scale;
-  }
-
-  std::unique_ptr<Backend> gpu;
-  CpuBackend cpu{4};
-  std::mt19937 rng{17};
+  GpuQuant() : GpuTest(17) {}
 };
 
 TEST_F(GpuQuant, MatmulEveryWidthAndGroup) {

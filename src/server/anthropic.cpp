@@ -122,7 +122,6 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   auto parsed = parse_body(req);
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
   const json& body = std::get<json>(parsed);
-  if (!body.is_object()) return fail(ApiError{.message = "the request body must be a JSON object"});
   RequestFields fields(body);
   std::string model;
   fields.string("model", model, true);

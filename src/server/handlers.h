@@ -24,7 +24,7 @@ using EventSource = std::function<bool(const Send& send)>;
 void respond_json(httplib::Response& res, int status, const nlohmann::json& body);
 void respond_events(httplib::Response& res, EventSource source);
 
-// The request body as JSON, or an ApiError for malformed JSON.
+// The request body as a JSON object, or an ApiError for malformed JSON or any other JSON value.
 std::variant<nlohmann::json, ApiError> parse_body(const httplib::Request& req);
 
 // Sampling fields shared by the OpenAI endpoints (temperature, top_p, top_k, min_p, penalties, seed).

@@ -214,7 +214,6 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
   const json& body = std::get<json>(parsed);
   RequestFields fields(body);
-  if (!body.is_object()) return fail(ApiError{.message = "the request body must be a JSON object"});
   std::string model;
   fields.string("model", model);
   if (auto e = service.check_model(model)) return fail(*e);
@@ -258,7 +257,6 @@ void handle_completions(Service& service, const httplib::Request& req, httplib::
   auto parsed = parse_body(req);
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
   const json& body = std::get<json>(parsed);
-  if (!body.is_object()) return fail(ApiError{.message = "the request body must be a JSON object"});
   RequestFields fields(body);
   std::string model;
   fields.string("model", model);

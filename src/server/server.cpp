@@ -79,6 +79,7 @@ std::variant<json, ApiError> parse_body(const httplib::Request& req) {
     return ApiError{.message = fmt::format("the request body nests deeper than {} levels", kMaxNesting)};
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded()) return ApiError{.message = "the request body is not valid JSON", .code = "invalid_json"};
+  if (!body.is_object()) return ApiError{.message = "the request body must be a JSON object"};
   return body;
 }
 

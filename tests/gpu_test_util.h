@@ -1,0 +1,61 @@
+// The set-up the GPU test suites share: a CUDA backend per test (skipped, visibly, without a GPU),
+// a CPU reference backend, bf16-exact random inputs and a relative difference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+namespace kiln::test {
+
+class GpuTest : public testing::Test {
+ public:
+  // max |a - b| / max |b|, infinite when a holds a NaN
+  static double rel(const Tensor& a, const Tensor& b) {
+    double diff = 0, scale = 1e-30;
+    for (int64_t i = 0; i < b.numel(); ++i) {
+      const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
+      if (std::isnan(x)) return INFINITY;
+      diff = std::max(diff, std::fabs(x - y));
+      scale = std::max(scale, std::fabs(y));
+    }
+    return diff / scale;
+  }
+
+ protected:
+  explicit GpuTest(unsigned seed) : rng(seed) {}
+
+  void SetUp() override {
+    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    auto made = make_cuda_backend(0);
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    gpu = std::move(made).value();
+  }
+  void TearDown() override {
+    if (gpu) {
+      EXPECT_TRUE(gpu->status().ok()) << gpu->status().error().message;
+    }
+  }
+
+  // A random host f32 tensor whose values are exactly representable in bf16, so that only the
+  // products' rounding differs between the backends.
+  Tensor random(Shape shape, float std = 1.0f) {
+    Tensor t = host_tensor(DType::f32, shape);
+    std::normal_distribution<float> dist(0.0f, std);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
+    return t;
+  }
+
+  std::unique_ptr<Backend> gpu;
+  CpuBackend cpu{4};
+  std::mt19937 rng;
+};
+
+}  // namespace kiln::test

@@ -80,54 +80,57 @@ TEST_F(Gpu, Rope) {
 }
 
 TEST_F(Gpu, FusedProducts) {
-  // several products of one input in one launch, bf16 and f32 outputs, then the GLU product
-  for (int64_t m : {1, 3, 8, 9, 32, 33}) {
-    const int64_t k = 264;
-    Tensor x = random(Shape{m, k});
-    Tensor xg = to_gpu(x);
-    std::vector<Tensor> weights = {random(Shape{31, k}), random(Shape{64, k}), random(Shape{9, k})};
-    for (DType out_type : {DType::bf16, DType::f32}) {
-      std::vector<MatmulProduct> on_gpu;
-      for (const Tensor& w : weights) on_gpu.push_back({to_gpu(w), gpu->alloc(out_type, Shape{m, w.dim(0)})});
-      gpu->matmul_many(xg, on_gpu);
-      for (size_t i = 0; i < weights.size(); ++i) {
-        Tensor want = cpu.alloc(DType::f32, Shape{m, weights[i].dim(0)});
-        cpu.matmul(x, weights[i], want);
-        EXPECT_LT(rel(from_gpu(on_gpu[i].out), want), out_type == DType::f32 ? 1e-4 : 1e-2) << m << " " << i;
+  // several products of one input in one launch, bf16 and f32 outputs, then the GLU product; k a
+  // multiple of 32 takes the tensor-core kernel (2560: many warps share a tile), 264 the streaming one
+  for (int64_t k : {264, 2560})
+    for (int64_t m : {1, 3, 8, 9, 17, 32, 33}) {
+      Tensor x = random(Shape{m, k});
+      Tensor xg = to_gpu(x);
+      std::vector<Tensor> weights = {random(Shape{31, k}), random(Shape{64, k}), random(Shape{9, k})};
+      for (DType out_type : {DType::bf16, DType::f32}) {
+        std::vector<MatmulProduct> on_gpu;
+        for (const Tensor& w : weights) on_gpu.push_back({to_gpu(w), gpu->alloc(out_type, Shape{m, w.dim(0)})});
+        gpu->matmul_many(xg, on_gpu);
+        for (size_t i = 0; i < weights.size(); ++i) {
+          Tensor want = cpu.alloc(DType::f32, Shape{m, weights[i].dim(0)});
+          cpu.matmul(x, weights[i], want);
+          EXPECT_LT(rel(from_gpu(on_gpu[i].out), want), out_type == DType::f32 ? 1e-4 : 1e-2) << m << " " << i;
+        }
+      }
+      Tensor gate = random(Shape{45, k}, 0.1f), up = random(Shape{45, k});
+      for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+        Tensor want = cpu.alloc(DType::f32, Shape{m, 45});
+        cpu.glu_matmul(x, gate, up, act, want);
+        Tensor got = gpu->alloc(DType::bf16, Shape{m, 45});
+        gpu->glu_matmul(xg, to_gpu(gate), to_gpu(up), act, got);
+        EXPECT_LT(rel(from_gpu(got), want), 1e-2) << m;
       }
     }
-    Tensor gate = random(Shape{45, k}, 0.1f), up = random(Shape{45, k});
-    for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
-      Tensor want = cpu.alloc(DType::f32, Shape{m, 45});
-      cpu.glu_matmul(x, gate, up, act, want);
-      Tensor got = gpu->alloc(DType::bf16, Shape{m, 45});
-      gpu->glu_matmul(xg, to_gpu(gate), to_gpu(up), act, got);
-      EXPECT_LT(rel(from_gpu(got), want), 1e-2) << m;
-    }
-  }
 }
 
 // A row of a product of many rows gets exactly the bits it gets alone (up to 32 rows, the streaming
 // kernel's limit): what batch-invariant serving rests on.
 TEST_F(Gpu, ProductRowsAreBatchInvariant) {
-  const int64_t k = 1024, n = 77;
-  Tensor w = random(Shape{n, k}), gate = random(Shape{n, k}, 0.1f);
-  Tensor wg = to_gpu(w), gateg = to_gpu(gate);
-  for (int64_t m : {2, 8, 13, 32}) {
-    Tensor x = random(Shape{m, k});
-    Tensor xg = to_gpu(x);
-    Tensor all = gpu->alloc(DType::bf16, Shape{m, n}), all_glu = gpu->alloc(DType::bf16, Shape{m, n});
-    gpu->matmul(xg, wg, all);
-    gpu->glu_matmul(xg, gateg, wg, Activation::silu, all_glu);
-    Tensor all_host = from_gpu(all), glu_host = from_gpu(all_glu);
-    for (int64_t r = 0; r < m; ++r) {
-      Tensor one = gpu->alloc(DType::bf16, Shape{1, n}), one_glu = gpu->alloc(DType::bf16, Shape{1, n});
-      gpu->matmul(xg.rows_view(r, 1), wg, one);
-      gpu->glu_matmul(xg.rows_view(r, 1), gateg, wg, Activation::silu, one_glu);
-      Tensor one_host = from_gpu(one), one_glu_host = from_gpu(one_glu);
-      for (int64_t c = 0; c < n; ++c) {
-        ASSERT_EQ(one_host.data_as<float>()[c], all_host.data_as<float>()[r * n + c]) << m << " row " << r;
-        ASSERT_EQ(one_glu_host.data_as<float>()[c], glu_host.data_as<float>()[r * n + c]) << m << " row " << r;
+  for (int64_t k : {1024, 264}) {
+    const int64_t n = 77;
+    Tensor w = random(Shape{n, k}), gate = random(Shape{n, k}, 0.1f);
+    Tensor wg = to_gpu(w), gateg = to_gpu(gate);
+    for (int64_t m : {2, 8, 13, 20, 32}) {
+      Tensor x = random(Shape{m, k});
+      Tensor xg = to_gpu(x);
+      Tensor all = gpu->alloc(DType::bf16, Shape{m, n}), all_glu = gpu->alloc(DType::bf16, Shape{m, n});
+      gpu->matmul(xg, wg, all);
+      gpu->glu_matmul(xg, gateg, wg, Activation::silu, all_glu);
+      Tensor all_host = from_gpu(all), glu_host = from_gpu(all_glu);
+      for (int64_t r = 0; r < m; ++r) {
+        Tensor one = gpu->alloc(DType::bf16, Shape{1, n}), one_glu = gpu->alloc(DType::bf16, Shape{1, n});
+        gpu->matmul(xg.rows_view(r, 1), wg, one);
+        gpu->glu_matmul(xg.rows_view(r, 1), gateg, wg, Activation::silu, one_glu);
+        Tensor one_host = from_gpu(one), one_glu_host = from_gpu(one_glu);
+        for (int64_t c = 0; c < n; ++c) {
+          ASSERT_EQ(one_host.data_as<float>()[c], all_host.data_as<float>()[r * n + c]) << m << " row " << r;
+          ASSERT_EQ(one_glu_host.data_as<float>()[c], glu_host.data_as<float>()[r * n + c]) << m << " row " << r;
+        }
       }
     }
   }

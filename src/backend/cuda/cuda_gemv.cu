@@ -1,10 +1,12 @@
-// CUDA backend: matrix products of a few rows (decode) against bf16 weights.
+// CUDA backend: matrix products of a few rows (decode, and serving batches up to 32 rows) against
+// bf16 weights.
 //
-// At batch sizes of a handful of tokens a product reads every weight once and does little with
-// it, so the kernels are built to stream the weights: a warp per output feature, 16-byte loads,
-// several loads in flight per lane, the few input rows read from cache. Products that share an
-// input (q/k/v, gate/up) run in one launch: at batch 1 a launch costs about as much as reading a
-// small projection.
+// At these row counts a product reads every weight once and does little with it, so the kernels
+// are built to stream the weights. When k is a multiple of 32 a warp multiplies a 16-row tile of
+// weights with all the input rows on the tensor cores (below, "tensor-core products"); otherwise a
+// warp per output feature accumulates on the CUDA cores with 16-byte loads, several in flight per
+// lane. Products that share an input (q/k/v, gate/up) run in one launch: at batch 1 a launch
+// costs about as much as reading a small projection.
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -114,6 +116,242 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// ---- tensor-core products of up to 32 rows ----
+//
+// The streaming kernel above does a warp's FMAs on the CUDA cores: at one row that is cheap, at 32
+// rows it does 32 FMAs and 32 conversions per weight read and becomes compute-bound long before
+// the weights are streamed. Here a warp owns a tile of 16 weight rows and multiplies it with the
+// input rows on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate), 8 input rows per
+// n-tile, so the weights are read once and the arithmetic is nearly free at any row count up to 32.
+//
+// Loads: lane (g, t) = (lane / 4, lane % 4) reads 16 bytes (8 consecutive k) of weight rows g and
+// g + 8 and of input row g for every 32-wide k step. The MMA's k slots a lane feeds ({2t, 2t+1,
+// 2t+8, 2t+9}) are only labels: as long as the weight and input fragments give a slot the same
+// physical k, the sum is the same dot product. So the 8 loaded k of a lane feed its slots of two
+// MMAs directly, with no shuffles.
+//
+// Batch invariance: a block's warps split k in a fixed way that depends only on the weights' shape,
+// each output (row, input row) accumulates its k steps in the same order, the MMA computes every
+// output column from its own input column, and the warps' partial sums are added in warp order.
+// So an input row gets the same bits whether it runs alone or with 31 others.
+
+constexpr int kTileRows = 16;
+constexpr int kStepK = 32;
+constexpr int kTargetWarps = 2048;  // enough warps to keep every SM's loads in flight
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// One 32-wide k step of a 16-row tile against one 8-row n-tile: lo/hi are the lane's 8 k of
+// weight rows g and g + 8, x the same 8 k of input row g.
+__device__ __forceinline__ void mma_step(float (&c)[4], const uint4& lo, const uint4& hi, const uint4& x) {
+  mma_bf16(c, lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+  mma_bf16(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+}
+
+// How many warps split k for a product of `tiles` 16-row tiles over `steps` k steps. It depends
+// on the shape alone, never on the row count, which batch invariance needs.
+int mma_warps(int64_t tiles, int64_t steps, int max_warps) {
+  int warps = 4;
+  while (warps < max_warps && tiles * warps < kTargetWarps && steps >= int64_t(warps) * 2 * 4) warps *= 2;
+  return warps;
+}
+
+// Where a lane's fragments come from: P weight matrices (1, or gate and up) of one tile.
+template <int P>
+struct TileSource {
+  const uint4* lo[P];  // weight row g of the tile, at the lane's 8 k of step 0
+  const uint4* hi[P];  // weight row g + 8
+};
+
+// The warp's partial sums of one tile over its share of k: steps warp, warp + warps, ..., U steps
+// per round with all of a round's weight and input loads issued before its MMAs. The first round's
+// weights are requested before wait_for_inputs(): they are constants, so their latency overlaps the
+// tail of the kernel before.
+template <int NT, int P, int U>
+__device__ __forceinline__ void tile_partials(const TileSource<P>& src, const uint4* const (&xs)[NT], int64_t steps,
+                                              int warp, int warps, float (&acc)[P][NT][4]) {
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[p][j][i] = 0.0f;
+  uint4 lo[U][P], hi[U][P];
+  auto load_weights = [&](int64_t s0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t s = s0 + int64_t(u) * warps;
+      if (s < steps) {
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          lo[u][p] = __ldg(src.lo[p] + s * (kStepK / 8));
+          hi[u][p] = __ldg(src.hi[p] + s * (kStepK / 8));
+        }
+      }
+    }
+  };
+  int64_t s0 = warp;
+  load_weights(s0);
+  wait_for_inputs();
+  while (s0 < steps) {
+    uint4 x[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t s = s0 + int64_t(u) * warps;
+      if (s < steps) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) x[u][j] = __ldg(xs[j] + s * (kStepK / 8));
+      }
+    }
+    uint4 next_lo[U][P], next_hi[U][P];
+    const int64_t next = s0 + int64_t(U) * warps;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t s = next + int64_t(u) * warps;
+      if (s < steps) {
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          next_lo[u][p] = __ldg(src.lo[p] + s * (kStepK / 8));
+          next_hi[u][p] = __ldg(src.hi[p] + s * (kStepK / 8));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (s0 + int64_t(u) * warps < steps) {
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma_step(acc[p][j], lo[u][p], hi[u][p], x[u][j]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int p = 0; p < P; ++p) lo[u][p] = next_lo[u][p], hi[u][p] = next_hi[u][p];
+    s0 = next;
+  }
+}
+
+// The lane's input-row pointers, one per n-tile: row 8j + g, rows past m clamped to the last one
+// (their results are never stored).
+template <int NT>
+__device__ __forceinline__ void input_rows(const bf16* x, int64_t ldx, int m, int lane, const uint4* (&xs)[NT]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int r = min(8 * j + lane / 4, m - 1);
+    xs[j] = reinterpret_cast<const uint4*>(x + r * ldx) + lane % 4;
+  }
+}
+
+// Adds the warps' partial sums in warp order and hands each (tile row, input row) output to
+// store(row_in_tile, input_row, values[P]).
+template <int NT, int P, typename Store>
+__device__ __forceinline__ void reduce_tile(float* red, const float (&acc)[P][NT][4], int m, Store&& store) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  constexpr int kPerWarp = P * NT * 4 * 32;  // lane-minor: conflict-free stores
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp * kPerWarp + ((p * NT + j) * 4 + i) * 32 + lane] = acc[p][j][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < NT * 4 * 32; e += blockDim.x) {
+    const int l = e % 32, i = (e / 32) % 4, j = e / 128;
+    const int row = l / 4 + (i >= 2 ? 8 : 0), input = 8 * j + 2 * (l % 4) + (i & 1);
+    if (input >= m) continue;
+    float v[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      float sum = 0.0f;
+      for (int w = 0; w < warps; ++w) sum += red[w * kPerWarp + p * NT * 128 + e];
+      v[p] = sum;
+    }
+    store(row, input, v);
+  }
+}
+
+template <int NT>
+constexpr int rounds_of() {
+  return NT >= 3 ? 2 : 4;
+}
+
+// Products p.count of one input; blocks [block_end[s-1], block_end[s]) are the tiles of product s.
+template <int NT, typename O>
+__global__ void __launch_bounds__(512)
+    mma_gemv_kernel(const bf16* __restrict__ x, int64_t ldx, Products p, int64_t k, int m) {
+  extern __shared__ float red[];
+  int s = 0;
+  while (s + 1 < p.count && int(blockIdx.x) >= p.block_end[s]) ++s;
+  const int first_block = s ? p.block_end[s - 1] : 0;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t row0 = int64_t(int(blockIdx.x) - first_block) * kTileRows, n = p.n[s];
+  const int64_t lo_row = min(row0 + lane / 4, n - 1), hi_row = min(row0 + lane / 4 + 8, n - 1);
+  TileSource<1> src;
+  src.lo[0] = reinterpret_cast<const uint4*>(p.w[s] + lo_row * k) + lane % 4;
+  src.hi[0] = reinterpret_cast<const uint4*>(p.w[s] + hi_row * k) + lane % 4;
+  const uint4* xs[NT];
+  input_rows<NT>(x, ldx, m, lane, xs);
+  float acc[1][NT][4];
+  tile_partials<NT, 1, rounds_of<NT>()>(src, xs, k / kStepK, warp, warps, acc);
+  O* out = static_cast<O*>(p.out[s]);
+  const int64_t ldo = p.ldo[s];
+  reduce_tile<NT, 1>(red, acc, m, [&](int r, int input, const float(&v)[1]) {
+    if (row0 + r < n) out[input * ldo + row0 + r] = from_float<O>(v[0]);
+  });
+}
+
+// out = act(x · gateᵀ) ⊙ (x · upᵀ): a warp's tile covers the same 16 rows of gate and up, so the
+// input fragments serve both.
+template <int NT, typename O>
+__global__ void __launch_bounds__(256)
+    mma_glu_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ gate, const bf16* __restrict__ up,
+                   O* __restrict__ out, int64_t ldo, int64_t n, int64_t k, bool gelu, int m) {
+  extern __shared__ float red[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
+  const int64_t lo_row = min(row0 + lane / 4, n - 1), hi_row = min(row0 + lane / 4 + 8, n - 1);
+  TileSource<2> src;
+  src.lo[0] = reinterpret_cast<const uint4*>(gate + lo_row * k) + lane % 4;
+  src.hi[0] = reinterpret_cast<const uint4*>(gate + hi_row * k) + lane % 4;
+  src.lo[1] = reinterpret_cast<const uint4*>(up + lo_row * k) + lane % 4;
+  src.hi[1] = reinterpret_cast<const uint4*>(up + hi_row * k) + lane % 4;
+  const uint4* xs[NT];
+  input_rows<NT>(x, ldx, m, lane, xs);
+  float acc[2][NT][4];
+  tile_partials<NT, 2, 2>(src, xs, k / kStepK, warp, warps, acc);
+  reduce_tile<NT, 2>(red, acc, m, [&](int r, int input, const float(&v)[2]) {
+    if (row0 + r < n) out[input * ldo + row0 + r] = from_float<O>((gelu ? gelu_tanh(v[0]) : silu(v[0])) * v[1]);
+  });
+}
+
+// Calls f(std::integral_constant<int, NT>{}) with NT the n-tiles of 8 rows that m rows need.
+template <typename F>
+void dispatch_tiles(int64_t m, F&& f) {
+  if (m <= 8)
+    f(std::integral_constant<int, 1>{});
+  else if (m <= 16)
+    f(std::integral_constant<int, 2>{});
+  else if (m <= 24)
+    f(std::integral_constant<int, 3>{});
+  else
+    f(std::integral_constant<int, 4>{});
+}
+
+size_t reduce_bytes(int warps, int nt, int p) {
+  return size_t(warps) * size_t(p * nt * 4 * 32) * sizeof(float);
+}
+
 // Calls f(std::integral_constant<int, M>{}) with M the row count m for 1..8, and 16 or 32 (the
 // kernels then stop at m) up to kMaxRows.
 constexpr int64_t kMaxRows = 32;
@@ -198,6 +436,26 @@ bool small_matmul_many(const Tensor& x, const Tensor* weights, Tensor* outs, int
     p.block_end[i] = blocks;
   }
   const bool f32_out = outs[0].dtype() == DType::f32;
+  if (k % kStepK == 0) {
+    // the same products as tiles of 16 rows
+    int tiles = 0;
+    for (int i = 0; i < count; ++i) {
+      tiles += ceil_div(p.n[i], kTileRows);
+      p.block_end[i] = tiles;
+    }
+    const int warps = mma_warps(tiles, k / kStepK, 16);
+    dispatch_tiles(m, [&](auto nt) {
+      constexpr int NT = decltype(nt)::value;
+      const size_t shared = reduce_bytes(warps, NT, 1);
+      if (f32_out)
+        launch(mma_gemv_kernel<NT, float>, tiles, warps * 32, shared, stream, x.data_as<bf16>(), x.row_stride(), p, k,
+               int(m));
+      else
+        launch(mma_gemv_kernel<NT, bf16>, tiles, warps * 32, shared, stream, x.data_as<bf16>(), x.row_stride(), p, k,
+               int(m));
+    });
+    return true;
+  }
   dispatch_rows(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
     if (f32_out)
@@ -218,6 +476,20 @@ bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Act
   const int64_t ldo = output_stride(out, n);
   const bool gelu = act == Activation::gelu_tanh;
   const bf16* xs = x.data_as<bf16>();
+  if (k % kStepK == 0) {
+    const int tiles = ceil_div(n, kTileRows), warps = mma_warps(tiles, k / kStepK, 8);
+    dispatch_tiles(m, [&](auto nt) {
+      constexpr int NT = decltype(nt)::value;
+      const size_t shared = reduce_bytes(warps, NT, 2);
+      if (out.dtype() == DType::f32)
+        launch(mma_glu_kernel<NT, float>, tiles, warps * 32, shared, stream, xs, x.row_stride(), gate.data_as<bf16>(),
+               up.data_as<bf16>(), out.data_as<float>(), ldo, n, k, gelu, int(m));
+      else
+        launch(mma_glu_kernel<NT, bf16>, tiles, warps * 32, shared, stream, xs, x.row_stride(), gate.data_as<bf16>(),
+               up.data_as<bf16>(), out.data_as<bf16>(), ldo, n, k, gelu, int(m));
+    });
+    return true;
+  }
   dispatch_rows(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
     if (out.dtype() == DType::f32)

@@ -20,7 +20,26 @@ class Gpu : public GpuTest {
   Tensor to_gpu(const Tensor& host, DType dtype = DType::bf16) { return gpu->upload(host, dtype); }
   Tensor from_gpu(const Tensor& device) { return gpu->to_host(device); }
   void moe_case(int64_t inter);
+  struct DeltaCase {
+    int hk, hv, dk, dv;
+    std::vector<int64_t> rows;  // tokens per sequence in each call
+    int calls;
+  };
+  void delta_recurrent_case(const DeltaCase& c);
 };
+
+// The worst of |got - want| beyond half a bf16 ulp of want (2^-8 |want|: the rounding of a bf16
+// output), over max |want|; what remains is the difference of the f32 arithmetic. Infinite on NaN.
+double bf16_excess(const Tensor& got, const Tensor& want) {
+  double scale = 1e-30, excess = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, double(std::fabs(want.data_as<float>()[i])));
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double g = got.data_as<float>()[i], w = want.data_as<float>()[i];
+    if (std::isnan(g)) return INFINITY;
+    excess = std::max(excess, std::fabs(g - w) - std::ldexp(std::fabs(w), -8));
+  }
+  return excess / scale;
+}
 
 TEST_F(Gpu, Matmul) {
   for (int64_t m : {1, 33, 256})
@@ -356,6 +375,111 @@ TEST_F(Gpu, CausalConvAndGatedDelta) {
     EXPECT_LT(rel(from_gpu(gr), cr), 1e-3)
         << "state, " << (algo == DeltaRuleAlgorithm::chunked ? "chunked" : "recurrent");
   }
+}
+
+// The conv alone, f32 on both sides: kernel sizes that leave the window's slots partly unused,
+// channels that are no multiple of a block, sequences of 1 to 4 tokens, state carried over calls.
+TEST_F(Gpu, CausalConvKernelSizes) {
+  const int64_t channels = 8192 + 33;
+  std::vector<SeqRows> seqs;
+  int64_t tokens = 0;
+  for (int64_t r : {1, 4, 2}) {
+    seqs.push_back(SeqRows{.row_begin = tokens, .n_rows = r});
+    tokens += r;
+  }
+  for (int kernel : {2, 3, 4, 8}) {
+    Tensor w = random(Shape{channels, kernel}, 0.5f);
+    Tensor wg = to_gpu(w, DType::f32);
+    std::vector<Tensor> cpu_states, gpu_states;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      cpu_states.push_back(random(Shape{kernel - 1, channels}));
+      gpu_states.push_back(to_gpu(cpu_states.back(), DType::f32));
+    }
+    for (int call = 0; call < 3; ++call) {
+      Tensor x = random(Shape{tokens, channels});
+      Tensor want = cpu.alloc(DType::f32, x.shape()), got = gpu->alloc(DType::f32, x.shape());
+      cpu.causal_conv1d({.x = x, .weight = w, .out = want, .seqs = seqs, .states = cpu_states});
+      gpu->causal_conv1d({.x = to_gpu(x, DType::f32), .weight = wg, .out = got, .seqs = seqs, .states = gpu_states});
+      EXPECT_LT(rel(from_gpu(got), want), 1e-5) << "kernel " << kernel << ", call " << call;
+    }
+    for (size_t i = 0; i < seqs.size(); ++i)
+      EXPECT_EQ(rel(from_gpu(gpu_states[i]), cpu_states[i]), 0.0) << "kernel " << kernel << ", state " << i;
+  }
+}
+
+// The recurrent (decode) form against the CPU reference, from the same random state on the same
+// bf16-exact inputs, `calls` calls in a row: the state differs only by f32 rounding, the output by
+// that and its own rounding to bf16.
+TEST_F(Gpu, GatedDeltaRecurrent) {
+  const DeltaCase cases[] = {
+      {16, 32, 128, 128, {1}, 6},                     // Qwen 3.5 4B, one sequence
+      {16, 32, 128, 128, {1, 1, 1, 1, 1}, 3},         // 4B, several sequences
+      {16, 32, 128, 128, {3, 1, 5}, 2},               // several tokens per sequence
+      {2, 4, 32, 36, {1, 2}, 3},                      // a half-empty column slice, rows past k_dim
+      {1, 3, 200, 12, {2}, 2},                        // k_dim over 128
+      {2, 4, 48, 30, {1, 3}, 2},                      // v_dim no multiple of 4: the block-per-head kernel
+      {1, 2, 16, 8, std::vector<int64_t>(70, 1), 2},  // more sequences than one launch takes
+  };
+  for (const DeltaCase& c : cases) delta_recurrent_case(c);
+}
+
+void Gpu::delta_recurrent_case(const DeltaCase& c) {
+  const std::string name = std::to_string(c.hk) + "/" + std::to_string(c.hv) + " heads, " + std::to_string(c.dk) + "x" +
+                           std::to_string(c.dv) + ", " + std::to_string(c.rows.size()) + " sequences";
+  std::vector<SeqRows> seqs;
+  int64_t tokens = 0;
+  for (int64_t r : c.rows) {
+    seqs.push_back(SeqRows{.row_begin = tokens, .n_rows = r});
+    tokens += r;
+  }
+  // decays e^g from about 0.97 down to about 0.2 across the heads
+  Tensor a_log = host_tensor(DType::f32, Shape{c.hv}), dt = host_tensor(DType::f32, Shape{c.hv});
+  for (int h = 0; h < c.hv; ++h) {
+    a_log.data_as<float>()[h] = -3.0f + 2.5f * float(h) / float(std::max(c.hv - 1, 1));
+    dt.data_as<float>()[h] = 0.5f - 0.05f * float(h % 8);
+  }
+  Tensor a_log_g = to_gpu(a_log, DType::f32), dt_g = to_gpu(dt, DType::f32);
+  std::vector<Tensor> cpu_states, gpu_states;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    cpu_states.push_back(random(Shape{c.hv, c.dk, c.dv}, 0.5f));
+    gpu_states.push_back(to_gpu(cpu_states.back(), DType::f32));
+  }
+  const int64_t width = 2 * int64_t(c.hk) * c.dk + int64_t(c.hv) * c.dv;
+  for (int call = 0; call < c.calls; ++call) {
+    Tensor qkv = random(Shape{tokens, width}), a = random(Shape{tokens, c.hv}), b = random(Shape{tokens, c.hv});
+    Tensor want = cpu.alloc(DType::f32, Shape{tokens, int64_t(c.hv) * c.dv});
+    Tensor got = gpu->alloc(DType::bf16, Shape{tokens, int64_t(c.hv) * c.dv});
+    cpu.gated_delta({.qkv = qkv,
+                     .a = a,
+                     .b = b,
+                     .a_log = a_log,
+                     .dt_bias = dt,
+                     .out = want,
+                     .seqs = seqs,
+                     .states = cpu_states,
+                     .n_k_heads = c.hk,
+                     .n_v_heads = c.hv,
+                     .k_dim = c.dk,
+                     .v_dim = c.dv,
+                     .algorithm = DeltaRuleAlgorithm::recurrent});
+    gpu->gated_delta({.qkv = to_gpu(qkv),
+                      .a = to_gpu(a),
+                      .b = to_gpu(b),
+                      .a_log = a_log_g,
+                      .dt_bias = dt_g,
+                      .out = got,
+                      .seqs = seqs,
+                      .states = gpu_states,
+                      .n_k_heads = c.hk,
+                      .n_v_heads = c.hv,
+                      .k_dim = c.dk,
+                      .v_dim = c.dv,
+                      .algorithm = DeltaRuleAlgorithm::recurrent});
+    EXPECT_LT(bf16_excess(from_gpu(got), want), 5e-5) << name << ", call " << call;
+  }
+  // only the order of f32 sums differs: about 1e-7 after six calls at 128x128 when simulated
+  for (size_t i = 0; i < seqs.size(); ++i)
+    EXPECT_LT(rel(from_gpu(gpu_states[i]), cpu_states[i]), 1e-5) << name << ", state " << i;
 }
 
 // inter 48: the experts' down products and their weighted sum in one pass; 4200: too many

@@ -1,8 +1,11 @@
 // The CUDA kernels for quantized weights against the CPU reference on the same packed weights:
-// the fused GEMV (up to 32 rows, 8 per pass), the blocked dequantize + cuBLAS product, embedding rows and the routed
-// experts, for every width and group size on odd sizes; then every quantized fixture end to end.
+// the fused GEMV (up to 32 rows, 8 per pass; alone, several products in one launch, and the GLU
+// product), its batch invariance, the blocked dequantize + cuBLAS product, embedding rows and the
+// routed experts, for every width and group size on odd sizes; then every quantized fixture end to
+// end.
 // Skipped, visibly, where no GPU is present.
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -21,23 +24,159 @@ class GpuQuant : public GpuTest {
   GpuQuant() : GpuTest(17) {}
 };
 
+// Tolerances, as max |got - want| / max |want| against the CPU's f32 product of the same packed
+// weights: an f32 output differs only in the order of f32 sums (and the GEMV's offset codes, ~5 of
+// f32's 24 bits); a bf16 output adds one rounding (2^-9 relative); the cuBLAS path (more than 32
+// rows) rounds the dequantized weights to bf16.
+constexpr double kF32Tol = 1e-4, kBf16Tol = 5e-3, kCublasTol = 1e-2;
+
+double tolerance(DType out, int64_t m) {
+  return m > 32 ? kCublasTol : out == DType::f32 ? kF32Tol : kBf16Tol;
+}
+
+// Bit equality of two host tensors of one shape.
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  for (int64_t i = 0; i < b.numel(); ++i)
+    if (std::memcmp(&a.data_as<float>()[i], &b.data_as<float>()[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << a.data_as<float>()[i] << " vs " << b.data_as<float>()[i];
+  return ::testing::AssertionSuccess();
+}
+
 TEST_F(GpuQuant, MatmulEveryWidthAndGroup) {
+  // n: fewer rows than a warp computes, and counts that are no multiple of a warp's or a block's
+  // rows; k: a few chunks (some lanes idle), and 100 chunks (lanes run three or four iterations, both
+  // buffers of the loop)
   for (int bits : {2, 3, 4, 5, 6, 8})
     for (int group : {32, 64, 128})
-      for (int64_t m : {1, 3, 8, 9, 17, 33})
-        for (int64_t n : {31, 33}) {
-          const int64_t k = 3 * group + (group == 32 ? 64 : 0);        // odd multiples of the group
+      for (int64_t k : {int64_t(3 * group + (group == 32 ? 64 : 0)), int64_t(3200)})
+        for (int64_t n : {2, 31, 33}) {
           Tensor w = random_quantized(rng, Shape{n, k}, bits, group);  // bf16 scales, as the GPU keeps them
-          Tensor x = random(Shape{m, k});
-          Tensor want = cpu.alloc(DType::f32, Shape{m, n});
-          cpu.matmul(x, w, want);
-          Tensor got = gpu->alloc(DType::f32, Shape{m, n});
-          gpu->matmul(gpu->upload(x, DType::bf16), gpu->upload_quantized(w), got);
-          // the GEMV (up to 32 rows) dequantizes in f32; the cuBLAS path rounds the dequantized
-          // weights to bf16
-          EXPECT_LT(rel(gpu->to_host(got), want), m <= 32 ? 1e-4 : 1e-2)
-              << bits << " bits, group " << group << ", " << m << "x" << n;
+          Tensor wg = gpu->upload_quantized(w);
+          for (int64_t m : {1, 3, 8, 9, 17, 32, 33}) {
+            Tensor x = random(Shape{m, k});
+            Tensor want = cpu.alloc(DType::f32, Shape{m, n});
+            cpu.matmul(x, w, want);
+            Tensor xg = gpu->upload(x, DType::bf16);
+            for (DType out : {DType::f32, DType::bf16}) {
+              Tensor got = gpu->alloc(out, Shape{m, n});
+              gpu->matmul(xg, wg, got);
+              EXPECT_LT(rel(gpu->to_host(got), want), tolerance(out, m))
+                  << bits << " bits, group " << group << ", " << m << "x" << n << "x" << k << ", " << dtype_name(out);
+            }
+          }
         }
+}
+
+// Several products of one input in one launch: each as the CPU computes it, and bit for bit what the
+// product alone gives; then products of different widths, which fall back to one launch each.
+TEST_F(GpuQuant, FusedProducts) {
+  const int64_t k = 640;
+  for (int bits : {2, 3, 4, 5, 6, 8}) {
+    const int group = bits == 4 ? 64 : bits % 2 ? 128 : 32;
+    std::vector<Tensor> weights = {
+        random_quantized(rng, Shape{31, k}, bits, group), random_quantized(rng, Shape{64, k}, bits, group),
+        random_quantized(rng, Shape{9, k}, bits, group), random_quantized(rng, Shape{3, k}, bits, group)};
+    std::vector<Tensor> on_gpu;
+    for (const Tensor& w : weights) on_gpu.push_back(gpu->upload_quantized(w));
+    for (int64_t m : {1, 3, 8, 9, 32})
+      for (DType out : {DType::f32, DType::bf16}) {
+        Tensor x = random(Shape{m, k});
+        Tensor xg = gpu->upload(x, DType::bf16);
+        std::vector<MatmulProduct> products;
+        for (const Tensor& w : on_gpu) products.push_back({w, gpu->alloc(out, Shape{m, w.rows()})});
+        gpu->matmul_many(xg, products);
+        for (size_t i = 0; i < weights.size(); ++i) {
+          Tensor want = cpu.alloc(DType::f32, Shape{m, weights[i].rows()});
+          cpu.matmul(x, weights[i], want);
+          Tensor got = gpu->to_host(products[i].out);
+          EXPECT_LT(rel(got, want), tolerance(out, m)) << bits << " bits, " << m << " rows, product " << i;
+          Tensor alone = gpu->alloc(out, Shape{m, weights[i].rows()});
+          gpu->matmul(xg, on_gpu[i], alone);
+          EXPECT_TRUE(same_bits(got, gpu->to_host(alone))) << bits << " bits, " << m << " rows, product " << i;
+        }
+      }
+  }
+  // widths differ: no fused launch, the same values
+  const int64_t m = 3;
+  Tensor x = random(Shape{m, k});
+  std::vector<Tensor> weights = {random_quantized(rng, Shape{40, k}, 4, 64), random_quantized(rng, Shape{24, k}, 8, 64),
+                                 random_quantized(rng, Shape{17, k}, 4, 32)};
+  std::vector<MatmulProduct> products;
+  for (const Tensor& w : weights)
+    products.push_back({gpu->upload_quantized(w), gpu->alloc(DType::f32, Shape{m, w.rows()})});
+  gpu->matmul_many(gpu->upload(x, DType::bf16), products);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    Tensor want = cpu.alloc(DType::f32, Shape{m, weights[i].rows()});
+    cpu.matmul(x, weights[i], want);
+    EXPECT_LT(rel(gpu->to_host(products[i].out), want), kF32Tol) << "product " << i;
+  }
+}
+
+// out = act(x · gateᵀ) ⊙ (x · upᵀ) in one launch over quantized gate and up.
+TEST_F(GpuQuant, GluProduct) {
+  const int64_t k = 2560, n = 45;  // 45: no multiple of a warp's rows
+  for (int bits : {2, 3, 4, 5, 6, 8}) {
+    const int group = bits == 4 ? 64 : bits % 2 ? 32 : 128;
+    Tensor gate = random_quantized(rng, Shape{n, k}, bits, group), up = random_quantized(rng, Shape{n, k}, bits, group);
+    Tensor gate_g = gpu->upload_quantized(gate), up_g = gpu->upload_quantized(up);
+    for (int64_t m : {1, 3, 8, 9, 32}) {
+      Tensor x = random(Shape{m, k}, 0.05f);  // gate values of a few units, where both activations bend
+      Tensor xg = gpu->upload(x, DType::bf16);
+      for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+        Tensor want = cpu.alloc(DType::f32, Shape{m, n});
+        cpu.glu_matmul(x, gate, up, act, want);
+        for (DType out : {DType::f32, DType::bf16}) {
+          Tensor got = gpu->alloc(out, Shape{m, n});
+          gpu->glu_matmul(xg, gate_g, up_g, act, got);
+          // the activation's slope (at most ~1.1) passes the gate's error on
+          EXPECT_LT(rel(gpu->to_host(got), want), 2 * tolerance(out, m))
+              << bits << " bits, " << m << " rows, " << (act == Activation::silu ? "silu" : "gelu_tanh") << ", "
+              << dtype_name(out);
+        }
+      }
+    }
+  }
+}
+
+// A row of a product of many rows gets exactly the bits it gets alone (up to 32 rows, the GEMV's
+// limit): plain, fused and GLU products, for widths that give a warp four rows (3, 4 bits) and two
+// (8 bits) at one input row.
+TEST_F(GpuQuant, ProductRowsAreBatchInvariant) {
+  const int64_t k = 1024, n = 77;
+  for (int bits : {3, 4, 8}) {
+    Tensor w = random_quantized(rng, Shape{n, k}, bits, 64), gate = random_quantized(rng, Shape{n, k}, bits, 64);
+    Tensor other = random_quantized(rng, Shape{13, k}, bits, 64);
+    Tensor wg = gpu->upload_quantized(w), gate_g = gpu->upload_quantized(gate), other_g = gpu->upload_quantized(other);
+    for (int64_t m : {2, 3, 8, 9, 13, 32}) {
+      Tensor xg = gpu->upload(random(Shape{m, k}), DType::bf16);
+      Tensor all = gpu->alloc(DType::f32, Shape{m, n}), all_glu = gpu->alloc(DType::f32, Shape{m, n});
+      gpu->matmul(xg, wg, all);
+      gpu->glu_matmul(xg, gate_g, wg, Activation::gelu_tanh, all_glu);
+      Tensor all_fused = gpu->alloc(DType::f32, Shape{m, 13}), all_fused_w = gpu->alloc(DType::f32, Shape{m, n});
+      gpu->matmul_many(xg, std::vector<MatmulProduct>{{other_g, all_fused}, {wg, all_fused_w}});
+      const Tensor all_host = gpu->to_host(all), glu_host = gpu->to_host(all_glu), fused_host = gpu->to_host(all_fused);
+      EXPECT_TRUE(same_bits(gpu->to_host(all_fused_w), all_host)) << bits << " bits, " << m << " rows";
+      for (int64_t r = 0; r < m; ++r) {
+        Tensor one = gpu->alloc(DType::f32, Shape{1, n}), one_glu = gpu->alloc(DType::f32, Shape{1, n});
+        Tensor one_fused = gpu->alloc(DType::f32, Shape{1, 13});
+        gpu->matmul(xg.rows_view(r, 1), wg, one);
+        gpu->glu_matmul(xg.rows_view(r, 1), gate_g, wg, Activation::gelu_tanh, one_glu);
+        gpu->matmul(xg.rows_view(r, 1), other_g, one_fused);
+        const Tensor one_host = gpu->to_host(one), one_glu_host = gpu->to_host(one_glu);
+        const Tensor one_fused_host = gpu->to_host(one_fused);
+        for (int64_t c = 0; c < n; ++c) {
+          ASSERT_EQ(one_host.data_as<float>()[c], all_host.data_as<float>()[r * n + c])
+              << bits << " bits, " << m << " rows, row " << r << ", column " << c;
+          ASSERT_EQ(one_glu_host.data_as<float>()[c], glu_host.data_as<float>()[r * n + c])
+              << bits << " bits, " << m << " rows, row " << r << ", column " << c;
+        }
+        for (int64_t c = 0; c < 13; ++c)
+          ASSERT_EQ(one_fused_host.data_as<float>()[c], fused_host.data_as<float>()[r * 13 + c])
+              << bits << " bits, " << m << " rows, row " << r << ", column " << c;
+      }
+    }
+  }
 }
 
 TEST_F(GpuQuant, MatmulBf16OutputAndStridedInput) {

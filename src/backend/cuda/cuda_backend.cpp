@@ -343,11 +343,19 @@ class CudaBackend final : public Backend {
   }
   void matmul_many(const Tensor& x, std::span<const MatmulProduct> products) override {
     std::vector<Tensor> weights, outs;
+    bool all_quantized = true;
     for (const MatmulProduct& p : products) {
       weights.push_back(p.weight);
       outs.push_back(p.out);
+      all_quantized = all_quantized && p.weight.quantized();
     }
-    {
+    if (all_quantized && x.rows() >= 1 && x.rows() <= kGemvRows) {
+      OpTimer timed(this, "qmatmul");
+      if (cuda::quantized_gemv_many(quantized_input(x), weights.data(), outs.data(), int(outs.size()), stream_)) {
+        after_launch("quantized_gemv_many");
+        return;
+      }
+    } else if (!all_quantized) {
       OpTimer timed(this, "matmul");
       if (cuda::small_matmul_many(x, weights.data(), outs.data(), int(outs.size()), stream_)) {
         after_launch("small_matmul_many");
@@ -357,7 +365,15 @@ class CudaBackend final : public Backend {
     Backend::matmul_many(x, products);
   }
   void glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override {
-    {
+    if (gate.quantized() && up.quantized()) {
+      if (x.rows() >= 1 && x.rows() <= kGemvRows) {
+        OpTimer timed(this, "qmatmul");
+        if (cuda::quantized_glu_gemv(quantized_input(x), gate, up, act, out, stream_)) {
+          after_launch("quantized_glu_gemv");
+          return;
+        }
+      }
+    } else {
       OpTimer timed(this, "matmul");
       if (cuda::small_glu_matmul(x, gate, up, act, out, stream_)) {
         after_launch("small_glu_matmul");
@@ -498,16 +514,8 @@ class CudaBackend final : public Backend {
     OpTimer timed(this, "qmatmul");
     const int64_t m = x.rows(), k = x.cols(), n = w.rows();
     if (m == 0) return;
-    Tensor input = x;
-    const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && x.row_stride() % 8 == 0;
-    if (x.dtype() != DType::bf16 || !aligned) {
-      input = alloc(DType::bf16, Shape{m, k});
-      cuda::convert(x, input, stream_);
-    }
-    if (m <= kGemvRows) {
-      cuda::quantized_gemv(input, w, out, stream_);
-      return after_launch("quantized_gemv");
-    }
+    const Tensor input = quantized_input(x);
+    if (m <= kGemvRows && cuda::quantized_gemv(input, w, out, stream_)) return after_launch("quantized_gemv");
     const int64_t ldc = out.cols() == n ? out.row_stride() : n;
     const int64_t block = std::min(n, std::max<int64_t>(64, kDequantBlock / k));
     Tensor scratch = alloc(DType::bf16, Shape{block, k});
@@ -517,16 +525,25 @@ class CudaBackend final : public Backend {
       cuda::dequantize_rows(w, n0, count, scratch, stream_);
       after_launch("dequantize_rows");
       char* dst = static_cast<char*>(out.data()) + size_t(n0) * dtype_size(out.dtype());
-      cublasStatus_t st = cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(count), int(m), int(k), &alpha,
-                                       scratch.data(), CUDA_R_16BF, int(k), input.data(), CUDA_R_16BF,
-                                       int(input.row_stride()), &beta, dst, cuda_type(out.dtype()), int(ldc),
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      cublasStatus_t st =
+          cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(count), int(m), int(k), &alpha, scratch.data(),
+                       CUDA_R_16BF, int(k), input.data(), CUDA_R_16BF, int(input.row_stride()), &beta, dst,
+                       cuda_type(out.dtype()), int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS)
         record(fmt::format("cublasGemmEx failed ({}) for {}x{}x{}", int(st), m, count, k));
     }
   }
   static constexpr int64_t kDequantBlock = int64_t(64) << 20;
   static constexpr int64_t kGemvRows = 32;
+
+  // The input of a quantized product as its kernels read it: bf16 rows, 16-byte aligned.
+  Tensor quantized_input(const Tensor& x) {
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && x.row_stride() % 8 == 0;
+    if (x.dtype() == DType::bf16 && aligned) return x;
+    Tensor input = alloc(DType::bf16, Shape{x.rows(), x.cols()});
+    cuda::convert(x, input, stream_);
+    return input;
+  }
 
   void record(const std::string& message) {
     std::lock_guard<std::mutex> lock(error_mutex_);

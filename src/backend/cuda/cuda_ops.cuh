@@ -52,9 +52,16 @@ void moe_route(const MoeRouteArgs& args, cudaStream_t stream);
 void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
 
 // cuda_quant.cu: quantized weights (MLX affine, src/quant/affine.h), scales and biases in bf16.
-// out[m, n] = x[m, k] · dequant(w)[n, k]ᵀ, one pass over the weights per 8 rows of x (bf16, 16-byte
-// aligned rows)
-void quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream);
+// out[m, n] = x[m, k] · dequant(w)[n, k]ᵀ for a few rows (decode), one pass over the weights per 8
+// rows of x (bf16, 16-byte aligned rows), bf16 or f32 out; false when the tensors are not ones it
+// handles (the caller then dequantizes for cuBLAS).
+bool quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream);
+// Up to four products of one input in one launch, their weights quantized alike (width, group
+// size); false when not all of them fit.
+bool quantized_gemv_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, cudaStream_t stream);
+// out = act(x · gateᵀ) ⊙ (x · upᵀ) in one pass over both quantized matrices; false when they do not fit.
+bool quantized_glu_gemv(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
+                        cudaStream_t stream);
 // rows [row_begin, row_begin + n_rows) of w, dequantized into out (bf16, [n_rows, k] contiguous)
 void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream);
 void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream);

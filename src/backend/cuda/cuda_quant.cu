@@ -1,10 +1,13 @@
 // CUDA backend: products, lookups and experts of quantized weights (MLX's affine format,
 // src/quant/affine.h).
 //
-// Decode (a few rows): a fused dequantize-GEMV streams the packed codes once. A warp owns an output
-// feature; each lane takes 32-element chunks of the row, which are exactly `bits` 32-bit words of
-// codes and never straddle a group (groups are 32, 64 or 128), so a chunk needs one scale and one
-// bias: acc += scale · Σ x·q + bias · Σ x.
+// Decode (a few rows): a fused dequantize-GEMV streams the packed codes once. A warp owns a few
+// output features (rows_per_warp); each lane takes 32-element chunks of those rows, which are
+// exactly `bits` 32-bit words of codes and never straddle a group (groups are 32, 64 or 128), so a
+// chunk needs one scale and one bias: acc += scale · Σ x·q + bias · Σ x. A lane loads its input chunk
+// once for all the warp's rows and sums it in registers; two iterations' codes, scales and biases
+// are in flight at a time. Products sharing an input (q/k/v; gate/up with the GLU applied) run in
+// one launch.
 // Prefill: dequantize_rows expands a block of rows into bf16 scratch for cuBLAS (the caller bounds
 // the block); see cuda_backend.cpp for the sizes.
 // Experts: the routed (token, slot) pairs run as GEMVs over the chosen expert's packed rows, as the
@@ -108,7 +111,7 @@ __device__ __forceinline__ void with_bits(int bits, F&& f) {
 // conversion runs at a quarter of the FMA rate. So a code goes into the mantissa of a float whose
 // exponent is fixed instead: f = 0.5 + q · 2^-(BITS+1) for the general widths (one shift and one
 // LOP3), f = 0.5 + q / 256 for 4 bits (one byte permute per code after splitting nibbles into
-// bytes). With the input chunk's sum Σx computed once per block,
+// bytes). With the input chunk's sum Σx,
 //   Σ x·q = 2^(BITS+1) · Σ x·f − 2^BITS · Σ x,    acc += s · Σ x·q + b · Σ x.
 // The offset costs ~5 of f32's 24 bits, far below bf16's rounding of the inputs.
 
@@ -159,132 +162,204 @@ __device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {
   for (int i = 0; i < 32; ++i) q[i] = fmaf(codes.f[i], ChunkCodes<BITS>::kScale, -0.5f * ChunkCodes<BITS>::kScale);
 }
 
-template <int BITS, int M, typename O>
-__global__ void __launch_bounds__(kWarps * 32)
-    qgemv_kernel(QView w, const bf16* __restrict__ x, int64_t ldx, O* __restrict__ out, int64_t ldo) {
-  extern __shared__ float xsum[];  // [M, chunks]: Σ x over each 32-element chunk
-  const int64_t chunks = w.cols / 32, groups = w.groups(), per_group = w.group_size / 32;
-  for (int64_t i = threadIdx.x; i < M * chunks; i += blockDim.x) {
-    const int64_t m = i / chunks, c = i % chunks;
-    const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx + c * 32);
-    float sum = 0.0f;
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const uint4 xv = __ldg(xr + v);
-      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(xp[j]);
-        sum += f.x + f.y;
-      }
-    }
-    xsum[i] = sum;
-  }
-  __syncthreads();
+// The products of one launch: up to four weights sharing the input, all of one width, group size and
+// input size k. Blocks [block_end[s-1], block_end[s]) compute product s. A GLU launch holds gate (0)
+// and up (1) and writes out[0].
+constexpr int kMaxProducts = 4;
+struct QProducts {
+  const uint32_t* packed[kMaxProducts];
+  const bf16* scales[kMaxProducts];
+  const bf16* biases[kMaxProducts];
+  void* out[kMaxProducts];
+  int64_t ldo[kMaxProducts];
+  int64_t n[kMaxProducts];
+  int block_end[kMaxProducts];
+  int count;
+  int64_t k;
+  int group_shift;  // log2(group_size / 32): a chunk's group is c >> group_shift
+};
 
+constexpr int kGemvWarps = 4;
+
+// Weight rows per warp for M input rows. At M = 1 four rows amortize the input chunk's conversion and
+// sum over four dots and keep 4 × 16 bytes (4 bits) of codes per lane per iteration in flight; 6 and 8
+// bits take two rows, as many bytes, within the 128 registers that four blocks per SM leave. With more
+// input rows the unpacked codes are what is reused, and two rows bound the registers.
+constexpr int rows_per_warp(int m, int bits) {
+  return m == 1 && bits < 6 ? 4 : 2;
+}
+
+// A 32-element input chunk as floats, and their sum, always formed in this order.
+__device__ __forceinline__ float load_x_chunk(const bf16* __restrict__ x, float (&xf)[32]) {
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  float sum = 0.0f;
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const uint4 xv = __ldg(xr + v);
+    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(xp[j]);
+      xf[8 * v + 2 * j] = f.x;
+      xf[8 * v + 2 * j + 1] = f.y;
+      sum += f.x + f.y;
+    }
+  }
+  return sum;
+}
+
+// Σ x·f over a chunk, one FMA chain in element order.
+template <int BITS>
+__device__ __forceinline__ float dot32(const float (&xf)[32], const ChunkCodes<BITS>& q) {
+  float dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dot = fmaf(xf[i], q.f[i], dot);
+  return dot;
+}
+
+// The loads of one iteration of a lane: the codes, scale and bias of chunk c of each of the warp's rows.
+template <int BITS, int R>
+struct Fetched {
+  uint32_t words[R][BITS];
+  bf16 scale[R], bias[R];
+};
+
+// out[m, row] for the warp's rows: acc += s · Σ x·q + b · Σ x per chunk, with
+// Σ x·q = kScale · (Σ x·f − Σ x / 2), so acc += s_f · Σ x·f + b_f · Σ x.
+// Every (weight row, input row) pair gets the same operations in the same order whatever M, R, the
+// loop order below and the products launched beside it are: a row of a batch gets the bits it gets
+// alone. M is an upper bound (rows ≤ M input rows are computed), as in cuda_gemv.cu.
+template <int BITS, int M, int R, bool GLU>
+__global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 4 : 3)
+    qgemv_kernel(QProducts p, const bf16* __restrict__ x, int64_t ldx, int rows, bool f32_out, bool gelu) {
+  constexpr int kOut = GLU ? R / 2 : R;  // output features of a warp
+  constexpr float kScale = ChunkCodes<BITS>::kScale;
+  int s = 0;
+  if constexpr (!GLU)
+    while (s + 1 < p.count && int(blockIdx.x) >= p.block_end[s]) ++s;
+  const int first_block = s ? p.block_end[s - 1] : 0;
   const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= w.rows) return;
-  const uint32_t* codes = w.row_words(row);
-  float acc[M];
+  const int64_t n = p.n[s];
+  const int64_t first = (int64_t(int(blockIdx.x) - first_block) * kGemvWarps + threadIdx.x / 32) * kOut;
+  if (first >= n) return;
+  const int chunks = int(p.k / 32);
+  const int64_t groups = (p.k / 32) >> p.group_shift;
+  const uint32_t* codes[R];
+  const bf16* scales[R];
+  const bf16* biases[R];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  // one chunk: the codes' words already loaded, then the scale and bias, the inputs, the sums
-  auto chunk = [&](const uint32_t(&words)[BITS], int64_t c) {
-    ChunkCodes<BITS> q;
-    q.unpack(words);
-    const int64_t g = row * groups + c / per_group;
-    const float s = __bfloat162float(w.scales[g]), b = __bfloat162float(w.biases[g]);
-    const float s_f = s * ChunkCodes<BITS>::kScale, b_f = b - 0.5f * s * ChunkCodes<BITS>::kScale;
+  for (int r = 0; r < R; ++r) {
+    const int src = GLU ? r / kOut : s;
+    const int64_t row = min(first + r % kOut, n - 1);  // the last warp of an odd count repeats a row
+    codes[r] = p.packed[src] + row * chunks * BITS;
+    scales[r] = p.scales[src] + row * groups;
+    biases[r] = p.biases[src] + row * groups;
+  }
+  auto fetch = [&](Fetched<BITS, R>& f, int c) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx + c * 32);
-      float dot = 0.0f;
+    for (int r = 0; r < R; ++r) load_chunk<BITS>(codes[r] + c * BITS, f.words[r]);
 #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const uint4 xv = __ldg(xr + v);
-        const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(xp[j]);
-          dot = fmaf(f.x, q.f[8 * v + 2 * j], dot);
-          dot = fmaf(f.y, q.f[8 * v + 2 * j + 1], dot);
-        }
-      }
-      // s · Σ x·q + b · Σ x with Σ x·q = kScale · (dot − Σx / 2)
-      acc[m] = fmaf(s_f, dot, fmaf(b_f, xsum[m * chunks + c], acc[m]));
+    for (int r = 0; r < R; ++r) {
+      f.scale[r] = __ldg(scales[r] + (c >> p.group_shift));
+      f.bias[r] = __ldg(biases[r] + (c >> p.group_shift));
     }
   };
-  // two chunks per step, both chunks' words requested before either is unpacked: more loads in
-  // flight per lane
-  int64_t c = lane;
-  for (; c + 32 < chunks; c += 64) {
-    uint32_t first[BITS], second[BITS];
-    load_chunk<BITS>(codes + c * BITS, first);
-    load_chunk<BITS>(codes + (c + 32) * BITS, second);
-    chunk(first, c);
-    chunk(second, c + 32);
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  auto consume = [&](const Fetched<BITS, R>& f, int c) {
+    float s_f[R], b_f[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float sv = __bfloat162float(f.scale[r]);
+      s_f[r] = sv * kScale;                                            // exact: a power of two
+      b_f[r] = fmaf(-0.5f * kScale, sv, __bfloat162float(f.bias[r]));  // b − s · kScale / 2
+    }
+    const bf16* xc = x + int64_t(c) * 32;
+    if constexpr (M == 1) {  // one input chunk held, each row's codes unpacked in turn
+      float xf[32];
+      const float xs = load_x_chunk(xc, xf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        ChunkCodes<BITS> q;
+        q.unpack(f.words[r]);
+        acc[r][0] = fmaf(s_f[r], dot32(xf, q), fmaf(b_f[r], xs, acc[r][0]));
+      }
+    } else {  // every row's codes unpacked once, the input chunks loaded in turn
+      ChunkCodes<BITS> q[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) q[r].unpack(f.words[r]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (m >= rows) break;
+        float xf[32];
+        const float xs = load_x_chunk(xc + m * ldx, xf);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][m] = fmaf(s_f[r], dot32(xf, q[r]), fmaf(b_f[r], xs, acc[r][m]));
+      }
+    }
+  };
+  // Two iterations' loads in flight per lane (ping-pong buffers, no register copies). The packed
+  // weights, scales and biases are constant, so the first two are requested before waiting on the
+  // previous kernel, whose tail they overlap.
+  Fetched<BITS, R> a, b;
+  int c = lane;
+  if (c < chunks) fetch(a, c);
+  if (c + 32 < chunks) fetch(b, c + 32);
+  wait_for_inputs();
+  while (c < chunks) {
+    consume(a, c);
+    if (c + 64 < chunks) fetch(a, c + 64);
+    c += 32;
+    if (c >= chunks) break;
+    consume(b, c);
+    if (c + 64 < chunks) fetch(b, c + 64);
+    c += 32;
   }
-  if (c < chunks) {
-    uint32_t last[BITS];
-    load_chunk<BITS>(codes + c * BITS, last);
-    chunk(last, c);
-  }
+  auto store = [&](int o, int m, float v) {
+    if (lane != 0 || first + o >= n) return;
+    const int64_t i = m * p.ldo[s] + first + o;
+    if (f32_out)
+      static_cast<float*>(p.out[s])[i] = v;
+    else
+      static_cast<bf16*>(p.out[s])[i] = __float2bfloat16(v);
+  };
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const float v = warp_sum(acc[m]);
-    if (lane == 0) out[m * ldo + row] = from_float<O>(v);
+    if (m >= rows) break;
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) {
+      if constexpr (GLU) {
+        const float g = warp_sum(acc[o][m]), u = warp_sum(acc[o + kOut][m]);
+        store(o, m, (gelu ? gelu_tanh(g) : silu(g)) * u);
+      } else {
+        store(o, m, warp_sum(acc[o][m]));
+      }
+    }
   }
 }
 
-template <int BITS, int M>
-void launch_gemv(const QView& w, const Tensor& x, Tensor& out, int64_t ldo, cudaStream_t stream) {
-  const int blocks = ceil_div(w.rows, kWarps);
-  const size_t shared = size_t(M) * size_t(w.cols / 32) * sizeof(float);
-  auto run = [&](auto kernel, auto* o) {
-    if (shared > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
-    kernel<<<blocks, kWarps * 32, shared, stream>>>(w, x.data_as<bf16>(), x.row_stride(), o, ldo);
-  };
-  if (out.dtype() == DType::f32)
-    run(qgemv_kernel<BITS, M, float>, out.data_as<float>());
+// Calls f(std::integral_constant<int, M>{}) with M ≥ rows (1..8) among 1, 2, 4, 8; the kernel stops at
+// `rows`.
+template <typename F>
+void dispatch_pass_rows(int rows, F&& f) {
+  if (rows == 1)
+    f(std::integral_constant<int, 1>{});
+  else if (rows == 2)
+    f(std::integral_constant<int, 2>{});
+  else if (rows <= 4)
+    f(std::integral_constant<int, 4>{});
   else
-    run(qgemv_kernel<BITS, M, bf16>, out.data_as<bf16>());
-}
-
-template <int BITS>
-void gemv_rows(int64_t m, const QView& w, const Tensor& x, Tensor& out, int64_t ldo, cudaStream_t stream) {
-  switch (m) {
-    case 1:
-      launch_gemv<BITS, 1>(w, x, out, ldo, stream);
-      break;
-    case 2:
-      launch_gemv<BITS, 2>(w, x, out, ldo, stream);
-      break;
-    case 3:
-      launch_gemv<BITS, 3>(w, x, out, ldo, stream);
-      break;
-    case 4:
-      launch_gemv<BITS, 4>(w, x, out, ldo, stream);
-      break;
-    case 5:
-      launch_gemv<BITS, 5>(w, x, out, ldo, stream);
-      break;
-    case 6:
-      launch_gemv<BITS, 6>(w, x, out, ldo, stream);
-      break;
-    case 7:
-      launch_gemv<BITS, 7>(w, x, out, ldo, stream);
-      break;
-    default:
-      launch_gemv<BITS, 8>(w, x, out, ldo, stream);
-      break;
-  }
+    f(std::integral_constant<int, 8>{});
 }
 
 // ---- prefill: dequantize a block of rows for cuBLAS ----
 
 template <int BITS>
 __global__ void dequantize_kernel(QView w, int64_t row_begin, int64_t n_rows, bf16* __restrict__ out) {
+  wait_for_inputs();
   const int64_t chunks = w.cols / 32;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * chunks) return;
@@ -309,6 +384,7 @@ __global__ void dequantize_kernel(QView w, int64_t row_begin, int64_t n_rows, bf
 
 template <int BITS, typename O>
 __global__ void embed_kernel(QView table, const int32_t* ids, Rows<O> out, int64_t n, float scale) {
+  wait_for_inputs();
   const int64_t t = blockIdx.x;
   if (t >= n) return;
   int64_t id = ids[t];
@@ -357,6 +433,7 @@ __device__ __forceinline__ float quant_dot(const QView& w, int64_t row, const fl
 template <typename T>
 __global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, QView gate, QView up, float* act, int64_t hidden,
                                  int64_t inter, int top_k, bool gelu) {
+  wait_for_inputs();
   extern __shared__ float xs[];
   const int64_t pair = blockIdx.x;
   const int64_t t = pair / top_k, e = ids[pair];
@@ -372,6 +449,7 @@ __global__ void expert_up_kernel(Rows<const T> x, const int32_t* ids, QView gate
 
 __global__ void expert_down_kernel(const float* act, const int32_t* ids, QView down, float* y, int64_t hidden,
                                    int64_t inter) {
+  wait_for_inputs();
   extern __shared__ float as[];
   const int64_t pair = blockIdx.x, e = ids[pair];
   for (int64_t i = threadIdx.x; i < inter; i += blockDim.x) as[i] = act[pair * inter + i];
@@ -386,6 +464,7 @@ __global__ void expert_down_kernel(const float* act, const int32_t* ids, QView d
 template <typename T>
 __global__ void combine_kernel(const float* y, const float* weights, Rows<T> out, int64_t tokens, int64_t hidden,
                                int top_k) {
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * hidden) return;
   const int64_t t = i / hidden, c = i % hidden;
@@ -418,21 +497,111 @@ void host_with_bits(int bits, F&& f) {
   }
 }
 
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// What the GEMV takes: bf16 input rows, 16-byte aligned; bf16 or f32 outputs; weights quantized
+// alike (width, group size, input size), scales and biases in bf16.
+bool gemv_input(const Tensor& x) {
+  return x.rows() >= 1 && x.dtype() == DType::bf16 && x.cols() % 32 == 0 && aligned16(x.data()) &&
+         (x.row_stride() * 2) % 16 == 0;
+}
+
+bool gemv_weight(const Tensor& w, const Tensor& like, int64_t k) {
+  if (!w.quantized() || w.cols() != k || !aligned16(w.data())) return false;
+  const QuantParams& q = w.quant();
+  const QuantParams& l = like.quant();
+  return q.bits == l.bits && q.group_size == l.group_size && q.scales.dtype() == DType::bf16 &&
+         q.biases.dtype() == DType::bf16 && q.scales.contiguous() && q.biases.contiguous();
+}
+
+bool gemv_output(const Tensor& out, const Tensor& first) {
+  return (out.dtype() == DType::bf16 || out.dtype() == DType::f32) && out.dtype() == first.dtype();
+}
+
+int64_t output_stride(const Tensor& out, int64_t n) {
+  return out.cols() == n ? out.row_stride() : n;
+}
+
+void add_product(QProducts& p, int i, const Tensor& w, const Tensor& out) {
+  const QuantParams& q = w.quant();
+  p.packed[i] = static_cast<const uint32_t*>(w.data());
+  p.scales[i] = q.scales.data_as<bf16>();
+  p.biases[i] = q.biases.data_as<bf16>();
+  p.n[i] = w.rows();
+  p.out[i] = out.data();
+  p.ldo[i] = output_stride(out, w.rows());
+}
+
+// Runs the products of p over all rows of x, eight input rows per pass over the weights (a GLU
+// launch: `products` = 1 output, gate and up in p).
+void run_gemv(QProducts p, int products, bool glu, bool gelu, int bits, const Tensor& x, DType out_dtype,
+              cudaStream_t stream) {
+  const int64_t m = x.rows(), ldx = x.row_stride();
+  const size_t out_size = dtype_size(out_dtype);
+  const void* out0[kMaxProducts];
+  for (int i = 0; i < products; ++i) out0[i] = p.out[i];
+  for (int64_t r0 = 0; r0 < m; r0 += 8) {
+    const int rows = int(std::min<int64_t>(8, m - r0));
+    for (int i = 0; i < products; ++i)
+      p.out[i] = const_cast<char*>(static_cast<const char*>(out0[i])) + size_t(r0 * p.ldo[i]) * out_size;
+    const bf16* xs = x.data_as<bf16>() + r0 * ldx;
+    host_with_bits(bits, [&](auto bits_tag) {
+      constexpr int BITS = decltype(bits_tag)::value;
+      dispatch_pass_rows(rows, [&](auto rows_tag) {
+        constexpr int M = decltype(rows_tag)::value, R = rows_per_warp(M, BITS);
+        const int per_block = kGemvWarps * (glu ? R / 2 : R);  // output features of a block
+        int blocks = 0;
+        for (int i = 0; i < products; ++i) p.block_end[i] = blocks += ceil_div(p.n[i], per_block);
+        const bool f32 = out_dtype == DType::f32;
+        if (glu)
+          launch(qgemv_kernel<BITS, M, R, true>, blocks, kGemvWarps * 32, 0, stream, p, xs, ldx, rows, f32, gelu);
+        else
+          launch(qgemv_kernel<BITS, M, R, false>, blocks, kGemvWarps * 32, 0, stream, p, xs, ldx, rows, f32, gelu);
+      });
+    });
+  }
+}
+
+int group_shift(int group_size) {
+  return group_size == 128 ? 2 : group_size == 64 ? 1 : 0;
+}
+
 }  // namespace
 
-void quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream) {
-  const int64_t m = x.rows(), n = w.rows();
-  assert(m >= 1 && x.dtype() == DType::bf16);
-  const int64_t ldo = out.cols() == n ? out.row_stride() : n;
-  const QView v = view_of(w);
-  // eight input rows per pass over the weights
-  for (int64_t r0 = 0; r0 < m; r0 += 8) {
-    const int64_t rows = std::min<int64_t>(8, m - r0);
-    const Tensor xs = x.rows_view(r0, rows);
-    char* base = static_cast<char*>(out.data()) + size_t(r0 * ldo) * dtype_size(out.dtype());
-    Tensor os(out.dtype(), Shape{rows, n}, base, out.owner(), out.device(), ldo);
-    host_with_bits(v.bits, [&](auto tag) { gemv_rows<decltype(tag)::value>(rows, v, xs, os, ldo, stream); });
-  }
+bool quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream) {
+  return quantized_gemv_many(x, &w, &out, 1, stream);
+}
+
+bool quantized_gemv_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, cudaStream_t stream) {
+  const int64_t k = x.cols();
+  if (!gemv_input(x) || count < 1 || count > kMaxProducts) return false;
+  for (int i = 0; i < count; ++i)
+    if (!gemv_weight(weights[i], weights[0], k) || !gemv_output(outs[i], outs[0])) return false;
+  QProducts p{};
+  p.count = count;
+  p.k = k;
+  p.group_shift = group_shift(weights[0].quant().group_size);
+  for (int i = 0; i < count; ++i) add_product(p, i, weights[i], outs[i]);
+  run_gemv(p, count, false, false, weights[0].quant().bits, x, outs[0].dtype(), stream);
+  return true;
+}
+
+bool quantized_glu_gemv(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
+                        cudaStream_t stream) {
+  const int64_t k = x.cols();
+  if (!gemv_input(x) || !gemv_weight(gate, gate, k) || !gemv_weight(up, gate, k) || up.rows() != gate.rows() ||
+      !gemv_output(out, out))
+    return false;
+  QProducts p{};
+  p.count = 2;
+  p.k = k;
+  p.group_shift = group_shift(gate.quant().group_size);
+  add_product(p, 0, gate, out);
+  add_product(p, 1, up, out);
+  run_gemv(p, 1, true, act == Activation::gelu_tanh, gate.quant().bits, x, out.dtype(), stream);
+  return true;
 }
 
 void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream) {
@@ -440,8 +609,8 @@ void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor&
   const int64_t work = n_rows * (v.cols / 32);
   if (work == 0) return;
   host_with_bits(v.bits, [&](auto tag) {
-    dequantize_kernel<decltype(tag)::value>
-        <<<ceil_div(work, 256), 256, 0, stream>>>(v, row_begin, n_rows, out.data_as<bf16>());
+    launch(dequantize_kernel<decltype(tag)::value>, ceil_div(work, 256), 256, 0, stream, v, row_begin, n_rows,
+           out.data_as<bf16>());
   });
 }
 
@@ -453,7 +622,7 @@ void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor
     constexpr int BITS = decltype(tag)::value;
     dispatch_float(out.dtype(), [&](auto o_tag) {
       using O = decltype(o_tag);
-      embed_kernel<BITS, O><<<int(n), 128, 0, stream>>>(v, ids.data_as<int32_t>(), rows_of<O>(out), n, scale);
+      launch(embed_kernel<BITS, O>, int(n), 128, 0, stream, v, ids.data_as<int32_t>(), rows_of<O>(out), n, scale);
     });
   });
 }
@@ -469,18 +638,17 @@ void quantized_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate,
   const bool gelu = args.act == Activation::gelu_tanh;
   dispatch_float(args.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    expert_up_kernel<T>
-        <<<dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32, size_t(hidden) * sizeof(float),
-           stream>>>(rows_of<const T>(args.x), args.ids.data_as<int32_t>(), view_of(args.gate), view_of(args.up),
-                     act.data_as<float>(), hidden, inter, top_k, gelu);
+    launch(expert_up_kernel<T>, dim3(unsigned(pairs), unsigned(ceil_div(inter, kWarps))), kWarps * 32,
+           size_t(hidden) * sizeof(float), stream, rows_of<const T>(args.x), args.ids.data_as<int32_t>(),
+           view_of(args.gate), view_of(args.up), act.data_as<float>(), hidden, inter, top_k, gelu);
   });
-  expert_down_kernel<<<dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
-                       size_t(inter) * sizeof(float), stream>>>(act.data_as<float>(), args.ids.data_as<int32_t>(),
-                                                                view_of(args.down), y.data_as<float>(), hidden, inter);
+  launch(expert_down_kernel, dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
+         size_t(inter) * sizeof(float), stream, act.data_as<float>(), args.ids.data_as<int32_t>(), view_of(args.down),
+         y.data_as<float>(), hidden, inter);
   dispatch_float(args.out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    combine_kernel<T><<<ceil_div(tokens * hidden, 256), 256, 0, stream>>>(
-        y.data_as<float>(), args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
+    launch(combine_kernel<T>, ceil_div(tokens * hidden, 256), 256, 0, stream, y.data_as<float>(),
+           args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
   });
 }
 

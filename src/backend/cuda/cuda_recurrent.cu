@@ -6,7 +6,8 @@
 // is one round trip to memory instead of a latency-bound loop on a few SMs. Shapes that do not
 // fit the slices (v_dim not a multiple of 4, k_dim above 256) keep the block-per-head form.
 // Prefill uses the chunked form of the reference (chunks of 64): per chunk the delta-rule updates
-// are solved as a unit-lower-triangular system in shared memory and the state advances once.
+// are solved as a unit-lower-triangular system in shared memory and the state advances once. It
+// too is cut into column slices, a block each, so that one sequence's 32 heads fill the GPU.
 #include <cassert>
 #include <cstdint>
 #include <mutex>
@@ -260,132 +261,266 @@ __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
 }
 
 constexpr int kChunk = 64;
+constexpr int kChunkThreads = 256;
+constexpr int kLdA = kChunk + 1;  // odd row stride: the solve reads a column of A across the lanes
 
+// The chunk's shared memory: raw q and k rows (bf16, dk padded to the mma's 16 with zeros, plus 8
+// so that fragment loads of 8 rows fall in distinct banks), the block's state columns, its
+// values / solved values X, the solve's system A, the intra-chunk attention QK, and per token the
+// log-decay cumsum, beta, the norms' scales and the state update's weight.
 struct ChunkSmem {
-  int dk, dv;
-  __host__ __device__ size_t q() const { return 0; }
-  __host__ __device__ size_t k() const { return q() + size_t(kChunk) * dk; }
-  __host__ __device__ size_t u() const { return k() + size_t(kChunk) * dk; }
-  __host__ __device__ size_t w() const { return u() + size_t(kChunk) * dv; }
-  __host__ __device__ size_t state() const { return w() + size_t(kChunk) * dk; }
-  __host__ __device__ size_t a() const { return state() + size_t(dk) * dv; }
-  __host__ __device__ size_t cum() const { return a() + size_t(kChunk) * kChunk; }
-  __host__ __device__ size_t beta() const { return cum() + kChunk; }
-  __host__ __device__ size_t floats() const { return beta() + kChunk; }
+  int dk, cols;
+  __host__ __device__ int dk_pad() const { return (dk + 15) / 16 * 16; }
+  __host__ __device__ int ldk() const { return dk_pad() + 8; }
+  __host__ __device__ size_t q() const { return 0; }  // bf16 [kChunk, ldk]
+  __host__ __device__ size_t k() const { return q() + size_t(kChunk) * ldk() * 2; }
+  __host__ __device__ size_t state() const { return k() + size_t(kChunk) * ldk() * 2; }   // f32 [dk_pad, cols]
+  __host__ __device__ size_t x() const { return state() + size_t(dk_pad()) * cols * 4; }  // f32 [kChunk, cols]
+  __host__ __device__ size_t a() const { return x() + size_t(kChunk) * cols * 4; }        // f32 [kChunk, kLdA]
+  __host__ __device__ size_t qk() const { return a() + size_t(kChunk) * kLdA * 4; }       // f32 [kChunk, kLdA]
+  __host__ __device__ size_t token() const { return qk() + size_t(kChunk) * kLdA * 4; }   // f32 [5, kChunk]
+  __host__ __device__ size_t bytes() const { return token() + size_t(5) * kChunk * 4; }
 };
 
-// The chunked form; one block per (sequence, value head), chunks in order.
-__global__ void delta_chunked_kernel(DeltaParams p) {
+__device__ __forceinline__ uint32_t bf16_pair(const bf16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// d += a b on the tensor cores: a 16x16 bf16 (row major), b 16x8 bf16 (column major), d 16x8 f32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The chunked form, one block per (sequence, value head, slice of kCols value columns), chunks in
+// order. The rule is independent per value column, so each block redoes its head's key-side work
+// (norms, decays, K Kᵀ and Q Kᵀ) and keeps only its columns of the state: hv · dv / kCols blocks
+// per sequence instead of hv. Per chunk of c tokens, with γ_i the cumulative log-decay:
+//   A   = strictly-lower(β_i (k_i·k_j) e^(γ_i − γ_j)),  QK = lower((q_i·k_j) e^(γ_i − γ_j))
+//   X   = (I + A)⁻¹ β (V − e^γ K S)        the reference's T βV − T (β K e^γ) S, factored
+//   O   = e^γ Q S + QK X
+//   S  <- e^(γ_last) S + Σ_t k_t e^(γ_last − γ_t) x_tᵀ
+// K Kᵀ and Q Kᵀ run on the tensor cores over the raw bf16 q and k: the products are exact and
+// the sums f32, and the l2 norms are applied to the results as per-row and per-column scales.
+// Everything that touches the state or the solve is f32 on the CUDA cores.
+template <int kCols>
+__global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaParams p) {
+  static_assert(kCols == 8 || kCols == 16 || kCols == 32, "thread layouts assume kCols divides 256 by 8 to 32");
+  constexpr int kWarps = kChunkThreads / 32;
+  constexpr int kRowGroups = kChunkThreads / kCols;  // rows a pass of the block covers
+  constexpr int kRowsPerThread = kChunk / kRowGroups;
+  constexpr int kColsPerWarp = kCols / kWarps;  // in the solve
   wait_for_inputs();
-  extern __shared__ float shared[];
-  const ChunkSmem L{p.dk, p.dv};
-  float* q = shared + L.q();
-  float* k = shared + L.k();
-  float* u = shared + L.u();
-  float* w = shared + L.w();
-  float* S = shared + L.state();
-  float* A = shared + L.a();
-  float* cum = shared + L.cum();
-  float* beta = shared + L.beta();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int dk = p.dk, dv = p.dv;
+  const ChunkSmem L{dk, kCols};
+  const int dk_pad = L.dk_pad(), ldk = L.ldk();
+  bf16* q_raw = reinterpret_cast<bf16*>(smem + L.q());
+  bf16* k_raw = reinterpret_cast<bf16*>(smem + L.k());
+  float* S = reinterpret_cast<float*>(smem + L.state());
+  float* X = reinterpret_cast<float*>(smem + L.x());
+  float* A = reinterpret_cast<float*>(smem + L.a());
+  float* QK = reinterpret_cast<float*>(smem + L.qk());
+  float* cum = reinterpret_cast<float*>(smem + L.token());
+  float* beta = cum + kChunk;
+  float* q_scale = beta + kChunk;
+  float* k_scale = q_scale + kChunk;
+  float* w = k_scale + kChunk;  // k's weight in the state update: k_scale e^(γ_last − γ_t)
+
   const StateSeq& seq = p.seqs.seq[blockIdx.x];
   const int h = blockIdx.y, kh = h / (p.hv / p.hk);
-  const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid % 32, warp = tid / 32, n_warps = n_threads / 32;
-  const int dk = p.dk, dv = p.dv;
-  float* state = static_cast<float*>(seq.state) + int64_t(h) * dk * dv;
-  for (int i = tid; i < dk * dv; i += n_threads) S[i] = state[i];
+  const int j0 = blockIdx.z * kCols, n_cols = min(kCols, dv - j0);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int col = tid % kCols, row_group = tid / kCols;  // the thread's column in the per-column phases
+  float* state = static_cast<float*>(seq.state) + int64_t(h) * dk * dv + j0;
+  const float neg_a = -expf(p.a_log[h]), dt_bias = p.dt_bias[h];
+
+  // the padding of q, k and the state stays zero: chunks write only the first dk entries
+  for (int i = tid; i < kChunk * (dk_pad - dk); i += kChunkThreads) {
+    const int t = i / (dk_pad - dk), d = dk + i % (dk_pad - dk);
+    q_raw[t * ldk + d] = k_raw[t * ldk + d] = __float2bfloat16(0.0f);
+  }
+  for (int i = tid; i < dk_pad * kCols; i += kChunkThreads) {
+    const int a = i / kCols, j = i % kCols;
+    S[i] = a < dk && j < n_cols ? state[int64_t(a) * dv + j] : 0.0f;
+  }
 
   for (int64_t c0 = 0; c0 < seq.n_rows; c0 += kChunk) {
     const int c = int(seq.n_rows - c0 < kChunk ? seq.n_rows - c0 : kChunk);
-    __syncthreads();
-    // 1. the chunk's normalised q, k, raw v, beta and log-decay (a warp per token)
-    for (int t = warp; t < c; t += n_warps) {
+    __syncthreads();  // the previous chunk is done with q, k, X
+    // 1. raw q and k, their norms, the block's values, beta and the log-decay (a warp per token)
+    for (int t = warp; t < c; t += kWarps) {
       const int64_t row = seq.row_begin + c0 + t;
       const bf16* r = p.qkv + row * p.qkv_stride;
+      // the token's loads issued together: one trip to memory per token rather than three
+      const float v = lane < n_cols ? to_float(r[2 * p.hk * dk + h * dv + j0 + lane]) : 0.0f;  // kCols ≤ 32
+      const float b_in = to_float(p.b[row * p.ab_stride + h]), a_in = to_float(p.a[row * p.ab_stride + h]);
       float qn = 0, kn = 0;
       for (int d = lane; d < dk; d += 32) {
-        const float qv = to_float(r[kh * dk + d]), kv = to_float(r[p.hk * dk + kh * dk + d]);
-        q[t * dk + d] = qv;
-        k[t * dk + d] = kv;
-        qn += qv * qv;
-        kn += kv * kv;
+        const bf16 qv = r[kh * dk + d], kv = r[p.hk * dk + kh * dk + d];
+        q_raw[t * ldk + d] = qv;
+        k_raw[t * ldk + d] = kv;
+        qn += to_float(qv) * to_float(qv);
+        kn += to_float(kv) * to_float(kv);
       }
       qn = warp_sum(qn);
       kn = warp_sum(kn);
-      const float qs = rsqrtf(qn + 1e-6f) * rsqrtf(float(dk)), ks = rsqrtf(kn + 1e-6f);
-      for (int d = lane; d < dk; d += 32) {
-        q[t * dk + d] *= qs;
-        k[t * dk + d] *= ks;
-      }
-      for (int d = lane; d < dv; d += 32) u[t * dv + d] = to_float(r[2 * p.hk * dk + h * dv + d]);
+      if (lane < n_cols) X[t * kCols + lane] = v;
       if (lane == 0) {
-        beta[t] = sigmoid(to_float(p.b[row * p.ab_stride + h]));
-        cum[t] = -expf(p.a_log[h]) * softplus(to_float(p.a[row * p.ab_stride + h]) + p.dt_bias[h]);
+        q_scale[t] = rsqrtf(qn + 1e-6f) * rsqrtf(float(dk));
+        k_scale[t] = rsqrtf(kn + 1e-6f);
+        beta[t] = sigmoid(b_in);
+        cum[t] = neg_a * softplus(a_in + dt_bias);
       }
     }
     __syncthreads();
-    if (tid == 0)
-      for (int t = 1; t < c; ++t) cum[t] += cum[t - 1];
-    __syncthreads();
-    // 2. right-hand sides: β v and β k e^cum; the system β_i (k_i·k_j) e^(cum_i − cum_j), j < i
-    for (int i = tid; i < c * dv; i += n_threads) u[i] *= beta[i / dv];
-    for (int i = tid; i < c * dk; i += n_threads) w[i] = k[i] * beta[i / dk] * expf(cum[i / dk]);
-    for (int x = tid; x < c * c; x += n_threads) {
-      const int i = x / c, j = x % c;
-      float dot = 0;
-      if (j < i)
-        for (int d = 0; d < dk; ++d) dot += k[i * dk + d] * k[j * dk + d];
-      A[i * kChunk + j] = j < i ? beta[i] * dot * expf(cum[i] - cum[j]) : 0.0f;
-    }
-    __syncthreads();
-    // 3. forward substitution with I + strictly-lower(A), row by row
-    for (int i = 1; i < c; ++i) {
-      for (int col = tid; col < dv + dk; col += n_threads) {
-        float* x = col < dv ? u + i * dv + col : w + i * dk + (col - dv);
-        const float* base = col < dv ? u + col : w + (col - dv);
-        const int ld = col < dv ? dv : dk;
-        float acc = *x;
-        for (int j = 0; j < i; ++j) acc -= A[i * kChunk + j] * base[j * ld];
-        *x = acc;
+    // 2. γ = cumsum(g) by a warp scan (lane holds tokens lane and lane + 32), then the weights w
+    if (warp == 0) {
+      float lo = lane < c ? cum[lane] : 0.0f, hi = lane + 32 < c ? cum[lane + 32] : 0.0f;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float lo_up = __shfl_up_sync(0xffffffffu, lo, o), hi_up = __shfl_up_sync(0xffffffffu, hi, o);
+        if (lane >= o) {
+          lo += lo_up;
+          hi += hi_up;
+        }
       }
-      __syncthreads();
-    }
-    // 4. v_new = u − w S  (in place in u)
-    for (int x = tid; x < c * dv; x += n_threads) {
-      const int i = x / dv, j = x % dv;
-      float acc = u[x];
-      for (int a = 0; a < dk; ++a) acc -= w[i * dk + a] * S[a * dv + j];
-      u[x] = acc;
-    }
-    // intra-chunk attention (q_i·k_j) e^(cum_i − cum_j), j ≤ i, into A
-    for (int x = tid; x < c * c; x += n_threads) {
-      const int i = x / c, j = x % c;
-      float dot = 0;
-      if (j <= i)
-        for (int d = 0; d < dk; ++d) dot += q[i * dk + d] * k[j * dk + d];
-      A[i * kChunk + j] = j <= i ? dot * expf(cum[i] - cum[j]) : 0.0f;
+      hi += __shfl_sync(0xffffffffu, lo, 31);
+      const float last = __shfl_sync(0xffffffffu, c - 1 < 32 ? lo : hi, (c - 1) % 32);
+      if (lane < c) cum[lane] = lo, w[lane] = k_scale[lane] * expf(last - lo);
+      if (lane + 32 < c) cum[lane + 32] = hi, w[lane + 32] = k_scale[lane + 32] * expf(last - hi);
     }
     __syncthreads();
-    // 5. o_i = e^cum_i q_i S + Σ_{j≤i} A_ij v_new_j
-    for (int x = tid; x < c * dv; x += n_threads) {
-      const int i = x / dv, j = x % dv;
-      float acc = 0;
-      for (int a = 0; a < dk; ++a) acc += q[i * dk + a] * S[a * dv + j];
-      acc *= expf(cum[i]);
-      for (int t = 0; t <= i; ++t) acc += A[i * kChunk + t] * u[t * dv + j];
-      p.out[(seq.row_begin + c0 + i) * p.out_stride + h * dv + j] = __float2bfloat16(acc);
+    // 3a. A and QK: warp → 16 rows (m_tile) by 32 columns (4 tiles of 8), tiles right of the
+    // diagonal skipped; fragments as in the PTX ISA's m16n8k16 layout (g = lane / 4, t = lane % 4)
+    {
+      const int m_tile = warp / 2, n_first = (warp % 2) * 4, g = lane / 4, tq = lane % 4;
+      float acc_k[4][4] = {}, acc_q[4][4] = {};
+      const int r0 = m_tile * 16 + g;
+      for (int d0 = 0; d0 < dk_pad; d0 += 16) {
+        const int d = d0 + 2 * tq;
+        const uint32_t fk[4] = {bf16_pair(k_raw + r0 * ldk + d), bf16_pair(k_raw + (r0 + 8) * ldk + d),
+                                bf16_pair(k_raw + r0 * ldk + d + 8), bf16_pair(k_raw + (r0 + 8) * ldk + d + 8)};
+        const uint32_t fq[4] = {bf16_pair(q_raw + r0 * ldk + d), bf16_pair(q_raw + (r0 + 8) * ldk + d),
+                                bf16_pair(q_raw + r0 * ldk + d + 8), bf16_pair(q_raw + (r0 + 8) * ldk + d + 8)};
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const int n0 = (n_first + n) * 8;
+          if (n0 > m_tile * 16 + 15) continue;  // all j > i
+          const bf16* kn = k_raw + (n0 + g) * ldk + d;
+          const uint32_t b0 = bf16_pair(kn), b1 = bf16_pair(kn + 8);
+          mma_bf16(acc_k[n], fk, b0, b1);
+          mma_bf16(acc_q[n], fq, b0, b1);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int n0 = (n_first + n) * 8;
+        if (n0 > m_tile * 16 + 15) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = r0 + (e / 2) * 8, j = n0 + 2 * tq + e % 2;
+          if (j > i) continue;
+          const float decay = expf(cum[i] - cum[j]);
+          A[i * kLdA + j] = beta[i] * k_scale[i] * k_scale[j] * acc_k[n][e] * decay;
+          QK[i * kLdA + j] = q_scale[i] * k_scale[j] * acc_q[n][e] * decay;
+        }
+      }
+    }
+    // 3b. the right-hand side β (v − e^γ k·S) into X, and e^γ q·S into registers (both on the old S)
+    float q_state[kRowsPerThread];
+    {
+      float k_state[kRowsPerThread] = {};
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) q_state[r] = 0.0f;
+      for (int a = 0; a < dk_pad; a += 2) {
+        const float s0 = S[a * kCols + col], s1 = S[(a + 1) * kCols + col];
+#pragma unroll
+        for (int r = 0; r < kRowsPerThread; ++r) {
+          const int i = row_group + r * kRowGroups;
+          const float2 kv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k_raw + i * ldk + a));
+          const float2 qv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_raw + i * ldk + a));
+          k_state[r] += kv.x * s0 + kv.y * s1;
+          q_state[r] += qv.x * s0 + qv.y * s1;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int i = row_group + r * kRowGroups;
+        if (i >= c || col >= n_cols) continue;
+        const float e = expf(cum[i]);
+        q_state[r] *= e * q_scale[i];
+        X[i * kCols + col] = beta[i] * (X[i * kCols + col] - e * k_scale[i] * k_state[r]);
+      }
     }
     __syncthreads();
-    // 6. S = S e^cum_last + Σ_i (k_i e^(cum_last − cum_i)) v_new_iᵀ
-    const float last = cum[c - 1];
-    for (int x = tid; x < dk * dv; x += n_threads) {
-      const int a = x / dv, j = x % dv;
-      float acc = S[x] * expf(last);
-      for (int t = 0; t < c; ++t) acc += k[t * dk + a] * expf(last - cum[t]) * u[t * dv + j];
-      S[x] = acc;
+    // 4. forward substitution with I + A, column by column: a warp per column, lane l holding rows l
+    // and l + 32; row i, once final, is broadcast and taken off the rows below it
+    {
+      float x[kColsPerWarp][2];
+#pragma unroll
+      for (int m = 0; m < kColsPerWarp; ++m) {
+        const int j = warp + m * kWarps;
+        x[m][0] = X[lane * kCols + j];
+        x[m][1] = X[(lane + 32) * kCols + j];
+      }
+      for (int i = 0; i + 1 < c; ++i) {
+        const float a_lo = A[lane * kLdA + i], a_hi = A[(lane + 32) * kLdA + i];
+#pragma unroll
+        for (int m = 0; m < kColsPerWarp; ++m) {
+          const float xi = __shfl_sync(0xffffffffu, i < 32 ? x[m][0] : x[m][1], i % 32);
+          if (lane > i) x[m][0] -= a_lo * xi;
+          if (lane + 32 > i) x[m][1] -= a_hi * xi;
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kColsPerWarp; ++m) {
+        const int j = warp + m * kWarps;
+        if (lane < c) X[lane * kCols + j] = x[m][0];
+        if (lane + 32 < c) X[(lane + 32) * kCols + j] = x[m][1];
+      }
+    }
+    __syncthreads();
+    // 5. outputs o_i = e^γ_i q_i S + Σ_{t≤i} QK_it x_t
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int i = row_group + r * kRowGroups;
+      if (i >= c || col >= n_cols) continue;
+      float o = q_state[r];
+      for (int t = 0; t <= i; ++t) o += QK[i * kLdA + t] * X[t * kCols + col];
+      p.out[(seq.row_begin + c0 + i) * p.out_stride + h * dv + j0 + col] = __float2bfloat16(o);
+    }
+    // 6. the state: S = e^γ_last S + Σ_t k_t e^(γ_last − γ_t) x_tᵀ, eight rows per thread at a time
+    const float chunk_decay = expf(cum[c - 1]);
+    for (int a0 = row_group; a0 < dk; a0 += 8 * kRowGroups) {
+      float acc[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int a = a0 + r * kRowGroups;
+        acc[r] = a < dk ? S[a * kCols + col] * chunk_decay : 0.0f;
+      }
+      for (int t = 0; t < c; ++t) {
+        const float xw = X[t * kCols + col] * w[t];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int a = a0 + r * kRowGroups;
+          if (a < dk) acc[r] += to_float(k_raw[t * ldk + a]) * xw;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int a = a0 + r * kRowGroups;
+        if (a < dk) S[a * kCols + col] = acc[r];
+      }
     }
   }
   __syncthreads();
-  for (int i = tid; i < dk * dv; i += n_threads) state[i] = S[i];
+  for (int i = tid; i < dk * kCols; i += kChunkThreads) {
+    const int a = i / kCols, j = i % kCols;
+    if (j < n_cols) state[int64_t(a) * dv + j] = S[i];
+  }
 }
 
 }  // namespace
@@ -429,16 +564,35 @@ void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream) {
   p.hv = args.n_v_heads;
   p.dk = args.k_dim;
   p.dv = args.v_dim;
-  const ChunkSmem chunk_smem{p.dk, p.dv};
-  const size_t chunk_bytes = chunk_smem.floats() * sizeof(float);
-  int max_smem = 0, device = 0;
+  int max_smem = 0, n_sms = 0, device = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  const bool chunked = args.algorithm == DeltaRuleAlgorithm::chunked && chunk_bytes <= size_t(max_smem);
+  cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device);
+  // chunked: the column slice widths, fewest columns (most blocks) first, and how many blocks of
+  // each the GPU holds at once
+  struct ChunkedKernel {
+    int cols;
+    void (*kernel)(DeltaParams);
+    size_t bytes = 0;
+    int64_t resident = 0;  // 0: does not fit
+  };
+  ChunkedKernel chunked_kernels[] = {
+      {8, delta_chunked_kernel<8>}, {16, delta_chunked_kernel<16>}, {32, delta_chunked_kernel<32>}};
   static std::once_flag configured;
-  std::call_once(configured, [max_smem] {
-    cudaFuncSetAttribute(delta_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  std::call_once(configured, [max_smem, &chunked_kernels] {
+    for (const ChunkedKernel& v : chunked_kernels)
+      cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
   });
+  const bool want_chunked = args.algorithm == DeltaRuleAlgorithm::chunked;
+  bool chunked = false;
+  for (ChunkedKernel& v : chunked_kernels) {
+    v.bytes = ChunkSmem{p.dk, v.cols}.bytes();
+    int per_sm = 0;
+    if (want_chunked && v.bytes <= size_t(max_smem))
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.kernel, kChunkThreads, v.bytes);
+    v.resident = int64_t(per_sm) * n_sms;
+    chunked = chunked || v.resident > 0;
+  }
   // recurrent: column slices where the shape fits them (rows per lane rounded up to 4, 8 or 16)
   const int slice_rows = ceil_div(p.dk, kRowGroups);
   bool sliced = p.dv % 4 == 0 && slice_rows <= kMaxSliceRows;
@@ -459,7 +613,17 @@ void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream) {
     }
     const dim3 grid(unsigned(p.seqs.n), unsigned(p.hv));
     if (chunked) {
-      launch(delta_chunked_kernel, grid, 512, chunk_bytes, stream, p);
+      // the narrowest slices whose grid fits on the GPU in one wave (Qwen 3.5 4B, one sequence:
+      // 32 heads x 8 slices of 16 = 256 blocks, two per SM); past one wave more slices only
+      // repeat key-side work, so then the widest that fits in shared memory
+      const ChunkedKernel* pick = nullptr;
+      for (const ChunkedKernel& v : chunked_kernels) {
+        if (v.resident == 0) continue;
+        pick = &v;
+        if (int64_t(p.seqs.n) * p.hv * ceil_div(p.dv, v.cols) <= v.resident) break;
+      }
+      const dim3 slices(unsigned(p.seqs.n), unsigned(p.hv), unsigned(ceil_div(p.dv, pick->cols)));
+      launch(pick->kernel, slices, kChunkThreads, pick->bytes, stream, p);
     } else if (sliced) {
       const dim3 slices(unsigned(p.seqs.n), unsigned(p.hv), unsigned(ceil_div(p.dv, kSliceCols)));
       launch(decode_kernel, slices, 32, 0, stream, p);

@@ -530,7 +530,7 @@ __global__ void __launch_bounds__(FlashConfig<D>::warps * 32, FlashConfig<D>::mi
     float s[BK / 8][4];
 #pragma unroll
     for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    // unrolled by four only: fully unrolled, the loads hoisted ahead spill O at D = 256
+      // unrolled by four only: fully unrolled, the loads hoisted ahead spill O at D = 256
 #pragma unroll 4
     for (int kk = 0; kk < D / 16; ++kk) {
       unsigned a[4];
@@ -863,11 +863,27 @@ void launch_flash_prefill(const AttnParams& params, cudaStream_t stream) {
   launch(flash_prefill_kernel<D>, params.total_tiles, C::warps * 32, C::bytes, stream, params);
 }
 
-// The flash kernel takes head dims it is built for exactly, groups that fit its 64 rows, and needs
-// the shared memory of Hopper.
+// The flash kernel takes the head dims it is built for, exactly, and groups that fit its 64 rows,
+// where the device grants its shared memory (Hopper does for all four).
 bool flash_prefill_fits(int head_dim, int group) {
-  const bool dim = head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512;
-  return dim && group <= kFlashRows && FlashConfig<512>::bytes <= max_shared_memory();
+  size_t bytes = 0;
+  switch (head_dim) {
+    case 64:
+      bytes = FlashConfig<64>::bytes;
+      break;
+    case 128:
+      bytes = FlashConfig<128>::bytes;
+      break;
+    case 256:
+      bytes = FlashConfig<256>::bytes;
+      break;
+    case 512:
+      bytes = FlashConfig<512>::bytes;
+      break;
+    default:
+      return false;
+  }
+  return group <= kFlashRows && bytes <= max_shared_memory();
 }
 
 int rows_per_tile(int head_dim) {

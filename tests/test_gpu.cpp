@@ -317,6 +317,96 @@ TEST_F(Gpu, Attention) {
   attention_case(this, cpu, *gpu, 16, 16, 64, 0, 5, rng);
 }
 
+// The flash prefill kernel: head dims 128, 256 and 512, GQA groups 1, 2 and 4, causal with and
+// without a window shorter than the prompt. Three sequences per call with prompts that are no
+// multiple of the tiles (1030, 37 and 1 rows), then a continuation chunk that attends to the
+// first call's slots (200, 1 and 37 rows; with the window it wraps the ring), then the same chunk
+// over caches whose slots were emptied, which must give zeros. The tolerance is what rounding P
+// to bf16 before P·V allows (2^-9 per term, well under 1e-3 of the output's scale here), with
+// margin, beyond half a bf16 ulp of each output.
+TEST_F(Gpu, AttentionPrefillShapes) {
+  const std::vector<std::vector<int64_t>> calls = {{1030, 37, 1}, {200, 1, 37}};  // rows per sequence
+  for (int hd : {128, 256, 512})
+    for (int group : {1, 2, 4})
+      for (int64_t window : {int64_t(0), int64_t(100)}) {
+        const int hkv = hd == 512 ? 1 : 2, hq = hkv * group;
+        const float scale = 1.0f / std::sqrt(float(hd));
+        const int64_t capacity = window ? window - 1 + 1030 : 1280;
+        std::vector<KvCacheView> cpu_caches, gpu_caches;
+        for (size_t s = 0; s < calls[0].size(); ++s) {
+          for (auto* caches : {&cpu_caches, &gpu_caches}) {
+            Backend& b = caches == &cpu_caches ? static_cast<Backend&>(cpu) : *gpu;
+            KvCacheView c;
+            c.capacity = capacity;
+            c.k = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
+            c.v = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
+            c.slot_pos = b.alloc(DType::i32, Shape{capacity});
+            b.fill(c.slot_pos, -1.0f);
+            caches->push_back(c);
+          }
+        }
+        std::vector<int64_t> done(calls[0].size(), 0);
+        for (size_t call = 0; call <= calls.size(); ++call) {
+          const bool emptied = call == calls.size();  // the last chunk again, over emptied caches
+          const std::vector<int64_t>& n_rows = calls[emptied ? call - 1 : call];
+          std::vector<SeqRows> seqs;
+          int64_t rows = 0;
+          for (size_t s = 0; s < n_rows.size(); ++s) {
+            seqs.push_back(SeqRows{rows, n_rows[s], emptied ? done[s] - n_rows[s] : done[s]});
+            rows += n_rows[s];
+          }
+          Tensor q = random(Shape{rows, hq, hd}), k = random(Shape{rows, hkv, hd}), v = random(Shape{rows, hkv, hd});
+          Tensor pos = host_tensor(DType::i32, Shape{rows});
+          for (const SeqRows& s : seqs)
+            for (int64_t i = 0; i < s.n_rows; ++i) pos.data_as<int32_t>()[s.row_begin + i] = int32_t(s.pos_begin + i);
+          Tensor pos_gpu = gpu->upload(pos, DType::i32);
+          if (emptied) {
+            for (size_t s = 0; s < seqs.size(); ++s) {
+              cpu.fill(cpu_caches[s].slot_pos, -1.0f);
+              gpu->fill(gpu_caches[s].slot_pos, -1.0f);
+            }
+          } else {
+            cpu.kv_write(KvWriteArgs{.k = k, .v = v, .positions = pos, .seqs = seqs, .caches = cpu_caches});
+            gpu->kv_write(
+                KvWriteArgs{.k = to_gpu(k), .v = to_gpu(v), .positions = pos_gpu, .seqs = seqs, .caches = gpu_caches});
+          }
+          Tensor want = cpu.alloc(DType::f32, Shape{rows, hq, hd});
+          cpu.attention(AttentionArgs{.q = q,
+                                      .out = want,
+                                      .positions = pos,
+                                      .seqs = seqs,
+                                      .caches = cpu_caches,
+                                      .n_heads = hq,
+                                      .n_kv_heads = hkv,
+                                      .head_dim = hd,
+                                      .scale = scale,
+                                      .window = window});
+          Tensor got = gpu->alloc(DType::bf16, Shape{rows, hq, hd});
+          gpu->attention(AttentionArgs{.q = to_gpu(q),
+                                       .out = got,
+                                       .positions = pos_gpu,
+                                       .seqs = seqs,
+                                       .caches = gpu_caches,
+                                       .n_heads = hq,
+                                       .n_kv_heads = hkv,
+                                       .head_dim = hd,
+                                       .scale = scale,
+                                       .window = window});
+          const Tensor host = from_gpu(got);
+          if (emptied) {
+            int64_t nonzero = 0;  // NaN counts too
+            for (int64_t i = 0; i < host.numel(); ++i) nonzero += !(host.data_as<float>()[i] == 0.0f);
+            EXPECT_EQ(nonzero, 0) << "emptied caches: hd " << hd << " group " << group << " window " << window;
+          } else {
+            EXPECT_LT(bf16_excess(host, want), 4e-3)
+                << "call " << call << " hd " << hd << " group " << group << " window " << window;
+          }
+          if (!emptied)
+            for (size_t s = 0; s < n_rows.size(); ++s) done[s] += n_rows[s];
+        }
+      }
+}
+
 TEST_F(Gpu, CausalConvAndGatedDelta) {
   const int hk = 2, hv = 4, dk = 32, dv = 64;
   const int64_t conv_dim = 2 * hk * dk + hv * dv, n = 150;

@@ -137,7 +137,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 constexpr int kTileRows = 16;
 constexpr int kStepK = 32;
-constexpr int kTargetWarps = 2048;  // enough warps to keep every SM's loads in flight
+// Warps of these kernels resident at once on an H100/H200 (16 per SM at their register use, 132
+// SMs): a grid should fit in one wave, since a second, partial wave of a memory-bound kernel costs
+// nearly as much as the first.
+constexpr int64_t kResidentWarps = 2048;
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
@@ -159,9 +162,10 @@ __device__ __forceinline__ void mma_step(float (&c)[4], const uint4& lo, const u
 
 // How many warps split k for a product of `tiles` 16-row tiles over `steps` k steps. It depends
 // on the shape alone, never on the row count, which batch invariance needs.
+// Doubling stops before the grid outgrows one wave or a warp gets fewer than 8 steps.
 int mma_warps(int64_t tiles, int64_t steps, int max_warps) {
-  int warps = 4;
-  while (warps < max_warps && tiles * warps < kTargetWarps && steps >= int64_t(warps) * 2 * 4) warps *= 2;
+  int warps = 1;
+  while (warps * 2 <= max_warps && tiles * warps * 2 <= kResidentWarps && steps >= int64_t(warps) * 2 * 8) warps *= 2;
   return warps;
 }
 

@@ -1,0 +1,59 @@
+// What the attention kernels share: the table of sequences a launch covers and the parameters of
+// a prefill launch (cuda_attention.cu, cuda_flash_prefill.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace kiln::cuda {
+
+constexpr int kMaxSeqs = 64;  // sequences per launch; larger batches are split
+
+struct SeqDesc {
+  int64_t row_begin;
+  int64_t n_rows;
+  bf16* k;
+  bf16* v;
+  int32_t* slot_pos;
+  int64_t capacity;
+  int tile_begin;
+};
+
+struct SeqTable {
+  int n;
+  SeqDesc seq[kMaxSeqs];
+};
+
+__device__ __forceinline__ int find_seq(const SeqTable& t, int64_t row) {
+  int s = 0;
+  while (s + 1 < t.n && t.seq[s + 1].row_begin <= row) ++s;
+  return s;
+}
+
+struct AttnParams {
+  const bf16* q;
+  bf16* out;
+  const int32_t* positions;
+  int n_heads, n_kv_heads, group, head_dim;
+  int tokens_per_tile;
+  float scale;
+  int64_t window;
+  int total_tiles;
+  SeqTable seqs;
+};
+
+// The device's opt-in shared memory per block.
+size_t max_shared_memory();
+
+// Query rows per block of the flash prefill kernel; tokens_per_tile follows from it.
+constexpr int kFlashRows = 64;
+// Whether the flash prefill kernel takes this head dim and GQA group on this device.
+bool flash_prefill_fits(int head_dim, int group);
+// One launch of the flash prefill kernel over params.total_tiles tiles of kFlashRows rows.
+void flash_prefill(const AttnParams& params, cudaStream_t stream);
+
+}  // namespace kiln::cuda

@@ -184,7 +184,9 @@ TEST_F(Gpu, ResidualNorm) {
                                             .norm_offset = 0.5f,
                                             .scale = 0.75f});
         EXPECT_LT(rel(from_gpu(hg), h), 1e-2) << cols;
-        if (next) EXPECT_LT(rel(from_gpu(next_gpu), next_cpu), 2e-2) << cols;
+        if (next) {
+          EXPECT_LT(rel(from_gpu(next_gpu), next_cpu), 2e-2) << cols;
+        }
       }
   }
 }
@@ -233,6 +235,17 @@ TEST_F(Gpu, NormAndRope) {
   }
 }
 
+// A KV cache of `capacity` empty slots on backend b.
+KvCacheView empty_cache(Backend& b, int64_t capacity, int64_t kv_heads, int64_t head_dim) {
+  KvCacheView c;
+  c.capacity = capacity;
+  c.k = b.alloc(b.activation_dtype(), Shape{capacity, kv_heads, head_dim});
+  c.v = b.alloc(b.activation_dtype(), Shape{capacity, kv_heads, head_dim});
+  c.slot_pos = b.alloc(DType::i32, Shape{capacity});
+  b.fill(c.slot_pos, -1.0f);
+  return c;
+}
+
 // Chunked prefill then decode through ring caches, several sequences per call, against the CPU.
 void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int hd, int64_t window, int64_t chunk,
                     std::mt19937& rng) {
@@ -240,16 +253,8 @@ void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int 
   const int64_t capacity = window ? window - 1 + chunk : 64;
   std::vector<KvCacheView> cpu_caches, gpu_caches;
   for (size_t s = 0; s < lengths.size(); ++s) {
-    for (auto* caches : {&cpu_caches, &gpu_caches}) {
-      Backend& b = caches == &cpu_caches ? static_cast<Backend&>(cpu) : gpu;
-      KvCacheView c;
-      c.capacity = capacity;
-      c.k = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
-      c.v = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
-      c.slot_pos = b.alloc(DType::i32, Shape{capacity});
-      b.fill(c.slot_pos, -1.0f);
-      caches->push_back(c);
-    }
+    cpu_caches.push_back(empty_cache(cpu, capacity, hkv, hd));
+    gpu_caches.push_back(empty_cache(gpu, capacity, hkv, hd));
   }
   std::normal_distribution<float> dist(0.0f, 1.0f);
   auto rnd = [&](Shape shape) {
@@ -334,16 +339,8 @@ TEST_F(Gpu, AttentionPrefillShapes) {
         const int64_t capacity = window ? window - 1 + 1030 : 1280;
         std::vector<KvCacheView> cpu_caches, gpu_caches;
         for (size_t s = 0; s < calls[0].size(); ++s) {
-          for (auto* caches : {&cpu_caches, &gpu_caches}) {
-            Backend& b = caches == &cpu_caches ? static_cast<Backend&>(cpu) : *gpu;
-            KvCacheView c;
-            c.capacity = capacity;
-            c.k = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
-            c.v = b.alloc(b.activation_dtype(), Shape{capacity, hkv, hd});
-            c.slot_pos = b.alloc(DType::i32, Shape{capacity});
-            b.fill(c.slot_pos, -1.0f);
-            caches->push_back(c);
-          }
+          cpu_caches.push_back(empty_cache(cpu, capacity, hkv, hd));
+          gpu_caches.push_back(empty_cache(*gpu, capacity, hkv, hd));
         }
         std::vector<int64_t> done(calls[0].size(), 0);
         for (size_t call = 0; call <= calls.size(); ++call) {
@@ -559,32 +556,23 @@ void Gpu::delta_case(const DeltaCase& c) {
     Tensor qkv = random(Shape{tokens, width}), a = random(Shape{tokens, c.hv}), b = random(Shape{tokens, c.hv});
     Tensor want = cpu.alloc(DType::f32, Shape{tokens, int64_t(c.hv) * c.dv});
     Tensor got = gpu->alloc(DType::bf16, Shape{tokens, int64_t(c.hv) * c.dv});
-    cpu.gated_delta({.qkv = qkv,
-                     .a = a,
-                     .b = b,
-                     .a_log = a_log,
-                     .dt_bias = dt,
-                     .out = want,
-                     .seqs = seqs,
-                     .states = cpu_states,
-                     .n_k_heads = c.hk,
-                     .n_v_heads = c.hv,
-                     .k_dim = c.dk,
-                     .v_dim = c.dv,
-                     .algorithm = c.algorithm});
-    gpu->gated_delta({.qkv = to_gpu(qkv),
-                      .a = to_gpu(a),
-                      .b = to_gpu(b),
-                      .a_log = a_log_g,
-                      .dt_bias = dt_g,
-                      .out = got,
-                      .seqs = seqs,
-                      .states = gpu_states,
-                      .n_k_heads = c.hk,
-                      .n_v_heads = c.hv,
-                      .k_dim = c.dk,
-                      .v_dim = c.dv,
-                      .algorithm = c.algorithm});
+    GatedDeltaArgs args{.qkv = qkv,
+                        .a = a,
+                        .b = b,
+                        .a_log = a_log,
+                        .dt_bias = dt,
+                        .out = want,
+                        .seqs = seqs,
+                        .states = cpu_states,
+                        .n_k_heads = c.hk,
+                        .n_v_heads = c.hv,
+                        .k_dim = c.dk,
+                        .v_dim = c.dv,
+                        .algorithm = c.algorithm};
+    cpu.gated_delta(args);
+    args.qkv = to_gpu(qkv), args.a = to_gpu(a), args.b = to_gpu(b);
+    args.a_log = a_log_g, args.dt_bias = dt_g, args.out = got, args.states = gpu_states;
+    gpu->gated_delta(args);
     EXPECT_LT(bf16_excess(from_gpu(got), want), recurrent ? 5e-5 : 1e-4) << name << ", call " << call;
   }
   // recurrent: only the order of f32 sums differs, about 1e-7 after six calls at 128x128 when

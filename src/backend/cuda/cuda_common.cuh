@@ -103,6 +103,18 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// d += a · b on the tensor cores (mma.sync m16n8k16): a 16×16 bf16 row-major, b 16×8 bf16
+// column-major, d 16×8 f32; fragments in the PTX ISA's per-lane layout.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
 // Programmatic dependent launch. At batch 1 a decode step is about a thousand short kernels, and
 // each launch used to start only after the previous kernel had drained. Kernels launched with
 // launch() may be scheduled while the kernel before them finishes; every kernel therefore calls

@@ -142,22 +142,11 @@ constexpr int kStepK = 32;
 // nearly as much as the first.
 constexpr int64_t kResidentWarps = 2048;
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
 // One 32-wide k step of a 16-row tile against one 8-row n-tile: lo/hi are the lane's 8 k of
 // weight rows g and g + 8, x the same 8 k of input row g.
 __device__ __forceinline__ void mma_step(float (&c)[4], const uint4& lo, const uint4& hi, const uint4& x) {
-  mma_bf16(c, lo.x, hi.x, lo.y, hi.y, x.x, x.y);
-  mma_bf16(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+  mma_bf16(c, {lo.x, hi.x, lo.y, hi.y}, x.x, x.y);
+  mma_bf16(c, {lo.z, hi.z, lo.w, hi.w}, x.z, x.w);
 }
 
 // How many warps split k for a product of `tiles` 16-row tiles over `steps` k steps. It depends
@@ -189,8 +178,8 @@ __device__ __forceinline__ void tile_partials(const TileSource<P>& src, const ui
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[p][j][i] = 0.0f;
-  uint4 lo[U][P], hi[U][P];
-  auto load_weights = [&](int64_t s0) {
+  // the weights of the round starting at step s0, into lo/hi
+  auto load_weights = [&](int64_t s0, uint4(&lo)[U][P], uint4(&hi)[U][P]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t s = s0 + int64_t(u) * warps;
@@ -203,8 +192,9 @@ __device__ __forceinline__ void tile_partials(const TileSource<P>& src, const ui
       }
     }
   };
+  uint4 lo[U][P], hi[U][P];
   int64_t s0 = warp;
-  load_weights(s0);
+  load_weights(s0, lo, hi);
   wait_for_inputs();
   while (s0 < steps) {
     uint4 x[U][NT];
@@ -218,17 +208,7 @@ __device__ __forceinline__ void tile_partials(const TileSource<P>& src, const ui
     }
     uint4 next_lo[U][P], next_hi[U][P];
     const int64_t next = s0 + int64_t(U) * warps;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t s = next + int64_t(u) * warps;
-      if (s < steps) {
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-          next_lo[u][p] = __ldg(src.lo[p] + s * (kStepK / 8));
-          next_hi[u][p] = __ldg(src.hi[p] + s * (kStepK / 8));
-        }
-      }
-    }
+    load_weights(next, next_lo, next_hi);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (s0 + int64_t(u) * warps < steps) {

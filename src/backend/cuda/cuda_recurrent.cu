@@ -286,15 +286,6 @@ __device__ __forceinline__ uint32_t bf16_pair(const bf16* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// d += a b on the tensor cores: a 16x16 bf16 (row major), b 16x8 bf16 (column major), d 16x8 f32.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The chunked form, one block per (sequence, value head, slice of kCols value columns), chunks in
 // order. The rule is independent per value column, so each block redoes its head's key-side work
 // (norms, decays, K Kᵀ and Q Kᵀ) and keeps only its columns of the state: hv · dv / kCols blocks

@@ -496,6 +496,37 @@ TEST_F(Gpu, CausalConvKernelSizes) {
   }
 }
 
+// Sequences longer than one run of tokens take the token-parallel kernel; the short ones in the
+// same call go through it too, as a single run.
+TEST_F(Gpu, CausalConvLongSequences) {
+  const int64_t channels = 1024 + 33;
+  std::vector<SeqRows> seqs;
+  int64_t tokens = 0;
+  for (int64_t r : {700, 1, 3, 129}) {
+    seqs.push_back(SeqRows{.row_begin = tokens, .n_rows = r});
+    tokens += r;
+  }
+  for (int kernel : {2, 4, 8}) {
+    Tensor w = random(Shape{channels, kernel}, 0.5f);
+    Tensor wg = to_gpu(w, DType::f32);
+    std::vector<Tensor> cpu_states, gpu_states;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      cpu_states.push_back(random(Shape{kernel - 1, channels}));
+      gpu_states.push_back(to_gpu(cpu_states.back(), DType::f32));
+    }
+    for (int call = 0; call < 2; ++call) {
+      Tensor x = random(Shape{tokens, channels});
+      Tensor want = cpu.alloc(DType::f32, x.shape()), got = gpu->alloc(DType::f32, x.shape());
+      cpu.causal_conv1d({.x = x, .weight = w, .out = want, .seqs = seqs, .states = cpu_states});
+      gpu->causal_conv1d({.x = to_gpu(x, DType::f32), .weight = wg, .out = got, .seqs = seqs, .states = gpu_states});
+      EXPECT_LT(rel(from_gpu(got), want), 1e-5) << "kernel " << kernel << ", call " << call;
+      for (size_t i = 0; i < seqs.size(); ++i)
+        EXPECT_EQ(rel(from_gpu(gpu_states[i]), cpu_states[i]), 0.0)
+            << "kernel " << kernel << ", call " << call << ", state " << i;
+    }
+  }
+}
+
 // The recurrent (decode) form against the CPU reference, from the same random state on the same
 // bf16-exact inputs, `calls` calls in a row: the state differs only by f32 rounding, the output by
 // that and its own rounding to bf16.

@@ -595,6 +595,7 @@ void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream) {
     // up to one run the two kernels do the same work; past it the runs kernel splits the tokens
     const bool runs = max_rows > kConvRun;
     assert(ceil_div(max_rows, kConvRun) <= 65535);
+    assert(!runs || args.out.data() != args.x.data());  // runs read inputs that others' outputs would overwrite
     dispatch_float(args.x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       if (runs)

@@ -670,7 +670,10 @@ TEST_F(Gpu, MoeExpertsDecodeAndPrefill) {
     int top_k;
     std::vector<int64_t> tokens;
   };
-  const Case cases[] = {{2816, 704, 16, 8, {1, 4, 16, 40}}, {100, 36, 6, 3, {1, 5}}};
+  // 26B-A4B's sizes; sizes of whole 32-wide steps whose tiles do not fill a block (1056 = 33 · 32)
+  // with more slots than down warps; sizes the tensor-core kernels do not take. Up to 128 (token,
+  // slot) pairs run on the tensor cores, more on the generic kernels.
+  const Case cases[] = {{2816, 704, 16, 8, {1, 3, 4, 16, 40}}, {1056, 96, 12, 10, {1, 3, 13}}, {100, 36, 6, 3, {1, 5}}};
   for (const Case& c : cases) {
     Tensor gate = random(Shape{c.experts, c.inter, c.hidden}, 0.05f);
     Tensor up = random(Shape{c.experts, c.inter, c.hidden}, 0.05f);
@@ -695,7 +698,14 @@ TEST_F(Gpu, MoeExpertsDecodeAndPrefill) {
                             .down = down_g,
                             .out = got,
                             .act = act});
-          EXPECT_LT(rel(from_gpu(got), want), out_type == DType::f32 ? 1e-4 : 5e-3)
+          // The tensor-core kernels round the GLU output to bf16 before the down product, as a dense
+          // MLP does: each term gains a relative error of at most 2^-8 (rms about 0.4 · 2^-8), and
+          // the errors add with random signs as the terms do, so the largest difference is about
+          // 0.4 · 2^-8 of the largest output (0.3–0.7 · 2^-8 in a CPU simulation of these cases).
+          // The f32 bound allows 2^-8. A bf16 output adds its own rounding, up to 2^-8 of a value.
+          const bool mma = tokens * c.top_k <= 128 && c.hidden % 32 == 0 && c.inter % 32 == 0;
+          const double tol = out_type == DType::bf16 ? 5e-3 : mma ? 4e-3 : 1e-4;
+          EXPECT_LT(rel(from_gpu(got), want), tol)
               << "hidden " << c.hidden << ", " << tokens << " tokens, "
               << (act == Activation::silu ? "silu" : "gelu_tanh") << (out_type == DType::f32 ? ", f32" : ", bf16");
         }

@@ -4,15 +4,24 @@
 // rows straight from its stacked weights: at decode batch sizes that reads every routed expert
 // once, which is what bounds the step; routing never leaves the GPU.
 //
-// The streaming kernels keep as many weight loads in flight as they can: each lane issues all of
-// its 16-byte loads of a round (the gate and up rows together; the down rows of all of a token's
-// experts together) before it consumes any, so a warp pays one memory latency per round instead
-// of one per row. At 26B-A4B decode (hidden 2816, inter 704, top-8) a lane of the up kernel
-// issues 22 loads (11 per row) and one of the down kernel 22 (up to 3 per expert) in one round.
-// Many pairs, shapes that are not multiples of 8 and unaligned rows take the generic kernels.
+// Decode-sized calls (up to kMaxStreamPairs pairs, bf16 input, sizes multiples of 32) run on the
+// tensor cores, as the small products do (cuda_mma_tiles.cuh): a warp multiplies 16 rows of an
+// expert with the pair's input row, so the weights stream with almost no ALU work per byte. The
+// GLU output goes to the down product as bf16, as a dense MLP's does; the routing weight scales
+// the down product's f32 result. At 26B-A4B decode (hidden 2816, inter 704, top-8, one token) the
+// up kernel runs 8 × 44 tiles of 4 warps and the down kernel 176 tiles of 8 warps, a warp per slot:
+// 1408 warps each, one resident wave.
+//
+// Other shapes take CUDA-core streaming kernels, which keep as many weight loads in flight as they
+// can: each lane issues all of its 16-byte loads of a round (the gate and up rows together; the
+// down rows of all of a token's experts together) before it consumes any, so a warp pays one
+// memory latency per round instead of one per row. Many pairs, shapes that are not multiples of 8
+// and unaligned rows take the generic kernels.
+#include <algorithm>
 #include <cassert>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mma_tiles.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 
 namespace kiln::cuda {
@@ -72,6 +81,69 @@ __global__ void route_kernel(Rows<const T> logits, int n_experts, int top_k, boo
     }
   }
 }
+
+// ---- tensor-core kernels for decode-sized calls ----
+//
+// Batch invariance: the warps of a tile depend on the model's shape alone (one token's tiles, the
+// top-k), never on the token count, so a token's output has the same bits at any count this path
+// takes.
+
+constexpr int kMaxDownWarps = 8;  // a warp per slot up to top-8; more slots share warps
+
+// act[pair, i] = act(gate_e[i] · x_t) · (up_e[i] · x_t), rounded to bf16, for a tile of 16 rows i
+// of gate and up (inter is a multiple of 32: whole tiles); the warps split hidden.
+__global__ void __launch_bounds__(256)
+    expert_up_mma_kernel(const bf16* __restrict__ x, int64_t ldx, const int32_t* __restrict__ ids,
+                         const bf16* __restrict__ gate, const bf16* __restrict__ up, bf16* __restrict__ act,
+                         int64_t hidden, int64_t inter, int top_k, bool gelu) {
+  extern __shared__ float red[];
+  wait_for_inputs();  // the expert comes from the router
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t pair = blockIdx.y, row0 = int64_t(blockIdx.x) * kTileRows;
+  const int64_t lo = (ids[pair] * inter + row0 + lane / 4) * hidden, hi = lo + 8 * hidden;
+  TileSource<2> src;
+  src.lo[0] = reinterpret_cast<const uint4*>(gate + lo) + lane % 4;
+  src.hi[0] = reinterpret_cast<const uint4*>(gate + hi) + lane % 4;
+  src.lo[1] = reinterpret_cast<const uint4*>(up + lo) + lane % 4;
+  src.hi[1] = reinterpret_cast<const uint4*>(up + hi) + lane % 4;
+  const uint4* xs[1] = {reinterpret_cast<const uint4*>(x + pair / top_k * ldx) + lane % 4};
+  float acc[2][1][4];
+  tile_partials<1, 2, 2>(src, xs, hidden / kStepK, warp, warps, acc);
+  reduce_tile<1, 2>(red, acc, 1, [&](int r, int, const float(&v)[2]) {
+    act[pair * inter + row0 + r] = __float2bfloat16((gelu ? gelu_tanh(v[0]) : silu(v[0])) * v[1]);
+  });
+}
+
+// out[t, c] = Σ_k weight[t, k] · down_{e_k}[c] · act[t, k] for a tile of 16 features c (hidden is a
+// multiple of 32: whole tiles). Warp w takes slots w, w + warps, ..., each over all of inter; the
+// warps' weighted sums are added in warp order, which is slot order when there is a warp per slot.
+template <typename T>
+__global__ void __launch_bounds__(kMaxDownWarps * 32)
+    expert_down_mma_kernel(const bf16* __restrict__ act, const int32_t* __restrict__ ids,
+                           const float* __restrict__ weights, const bf16* __restrict__ down, Rows<T> out,
+                           int64_t hidden, int64_t inter, int top_k) {
+  extern __shared__ float red[];
+  wait_for_inputs();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t t = blockIdx.y, row0 = int64_t(blockIdx.x) * kTileRows;
+  float sum[1][1][4] = {};
+  for (int k = warp; k < top_k; k += warps) {
+    const int64_t pair = t * top_k + k;
+    const int64_t lo = (ids[pair] * hidden + row0 + lane / 4) * inter;
+    TileSource<1> src;
+    src.lo[0] = reinterpret_cast<const uint4*>(down + lo) + lane % 4;
+    src.hi[0] = reinterpret_cast<const uint4*>(down + lo + 8 * inter) + lane % 4;
+    const uint4* xs[1] = {reinterpret_cast<const uint4*>(act + pair * inter) + lane % 4};
+    float acc[1][1][4];
+    tile_partials<1, 1, 4>(src, xs, inter / kStepK, 0, 1, acc);
+    const float w = weights[pair];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum[0][0][i] = fmaf(w, acc[0][0][i], sum[0][0][i]);
+  }
+  reduce_tile<1, 1>(red, sum, 1, [&](int r, int, const float(&v)[1]) { out.row(t)[row0 + r] = from_float<T>(v[0]); });
+}
+
+// ---- CUDA-core streaming kernels ----
 
 constexpr int kStreamWarps = 8;
 constexpr int kStreamLoads = 24;  // 16-byte weight loads a lane holds in flight: 96 registers
@@ -308,6 +380,8 @@ bool aligned16(const void* p) {
 // expert's rows, now mostly from L2, where the generic kernels' shared copy of the input pays off.
 // On an H200 at 26B-A4B geometry (hidden 2816, inter 704, top-8), streaming against generic:
 // 46 against 82 µs at 1 token, 138 against 152 at 4, 484 against 506 at 16, 1947 against 1857 at 64.
+// The tensor-core kernels keep the same limit; where they overtake the generic kernels is not
+// measured yet.
 constexpr int64_t kMaxStreamPairs = 128;
 
 // The streaming kernels' shapes: few pairs, rows of whole 16-byte chunks, 16-byte aligned.
@@ -318,6 +392,35 @@ bool streamable(const MoeExpertsArgs& args) {
   return hidden % 8 == 0 && inter % 8 == 0 && aligned16(args.x.data()) && x_row_bytes % 16 == 0 &&
          aligned16(args.gate.data()) && aligned16(args.up.data()) && aligned16(args.down.data()) &&
          args.gate.contiguous() && args.up.contiguous() && args.down.contiguous();
+}
+
+// The tensor-core kernels' shapes: streamable, a bf16 input and sizes of whole 32-wide k steps.
+bool mma_shape(const MoeExpertsArgs& args) {
+  return streamable(args) && args.x.dtype() == DType::bf16 && args.x.cols() % kStepK == 0 &&
+         args.gate.dim(1) % kStepK == 0;
+}
+
+// Up and down on the tensor cores; act is bf16.
+void moe_experts_mma(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream) {
+  const int64_t tokens = args.x.rows(), hidden = args.x.cols();
+  const int64_t inter = args.gate.dim(1);
+  const int top_k = int(args.ids.cols());
+  const int64_t pairs = tokens * top_k;
+  Tensor act = allocate(DType::bf16, Shape{pairs, inter});
+  const int inter_tiles = ceil_div(inter, kTileRows);
+  // sized for one token, so that the split does not change with the token count
+  const int up_warps = mma_warps(int64_t(inter_tiles) * top_k, hidden / kStepK, 8);
+  launch(expert_up_mma_kernel, dim3(unsigned(inter_tiles), unsigned(pairs)), up_warps * 32,
+         size_t(up_warps) * 2 * 4 * 32 * sizeof(float), stream, args.x.data_as<bf16>(), args.x.row_stride(),
+         args.ids.data_as<int32_t>(), args.gate.data_as<bf16>(), args.up.data_as<bf16>(), act.data_as<bf16>(), hidden,
+         inter, top_k, args.act == Activation::gelu_tanh);
+  const int down_warps = std::min(top_k, kMaxDownWarps);
+  dispatch_float(args.out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch(expert_down_mma_kernel<T>, dim3(unsigned(ceil_div(hidden, kTileRows)), unsigned(tokens)), down_warps * 32,
+           size_t(down_warps) * 4 * 32 * sizeof(float), stream, act.data_as<bf16>(), args.ids.data_as<int32_t>(),
+           args.weights.data_as<float>(), args.down.data_as<bf16>(), rows_of<T>(args.out), hidden, inter, top_k);
+  });
 }
 
 }  // namespace
@@ -342,6 +445,7 @@ void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStrea
   const int64_t pairs = tokens * top_k;
   if (pairs == 0) return;
   assert(args.gate.dtype() == DType::bf16);
+  if (mma_shape(args)) return moe_experts_mma(args, allocate, stream);
   Tensor act = allocate(DType::f32, Shape{pairs, inter});
   constexpr int kWarps = 8;
   constexpr size_t kDefaultSharedBytes = 48 * 1024;  // more needs a per-kernel opt-in

@@ -702,9 +702,10 @@ TEST_F(Gpu, MoeExpertsDecodeAndPrefill) {
           // MLP does: each term gains a relative error of at most 2^-8 (rms about 0.4 · 2^-8), and
           // the errors add with random signs as the terms do, so the largest difference is about
           // 0.4 · 2^-8 of the largest output (0.3–0.7 · 2^-8 in a CPU simulation of these cases).
-          // The f32 bound allows 2^-8. A bf16 output adds its own rounding, up to 2^-8 of a value.
+          // The f32 bound allows 2^-8. A bf16 output adds its own rounding, up to 2^-8 of a value:
+          // 2^-8 + 0.7 · 2^-8 on that path (the simulation reached 4.4e-3).
           const bool mma = tokens * c.top_k <= 128 && c.hidden % 32 == 0 && c.inter % 32 == 0;
-          const double tol = out_type == DType::bf16 ? 5e-3 : mma ? 4e-3 : 1e-4;
+          const double tol = out_type == DType::bf16 ? (mma ? 7e-3 : 5e-3) : mma ? 4e-3 : 1e-4;
           EXPECT_LT(rel(from_gpu(got), want), tol)
               << "hidden " << c.hidden << ", " << tokens << " tokens, "
               << (act == Activation::silu ? "silu" : "gelu_tanh") << (out_type == DType::f32 ? ", f32" : ", bf16");

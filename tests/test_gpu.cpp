@@ -20,6 +20,7 @@ class Gpu : public GpuTest {
   Tensor to_gpu(const Tensor& host, DType dtype = DType::bf16) { return gpu->upload(host, dtype); }
   Tensor from_gpu(const Tensor& device) { return gpu->to_host(device); }
   void moe_case(int64_t inter);
+  void conv_case(int64_t channels, const std::vector<int64_t>& lengths, const std::vector<int>& kernels, int calls);
   struct DeltaCase {
     int hk, hv, dk, dv;
     std::vector<int64_t> rows;  // tokens per sequence in each call
@@ -466,17 +467,16 @@ TEST_F(Gpu, CausalConvAndGatedDelta) {
   }
 }
 
-// The conv alone, f32 on both sides: kernel sizes that leave the window's slots partly unused,
-// channels that are no multiple of a block, sequences of 1 to 4 tokens, state carried over calls.
-TEST_F(Gpu, CausalConvKernelSizes) {
-  const int64_t channels = 8192 + 33;
+// The causal conv against the CPU (f32 on both sides): sequences of the given lengths in one call,
+// each kernel size, `calls` calls with the state carried, outputs and states compared after each.
+void Gpu::conv_case(int64_t channels, const std::vector<int64_t>& lengths, const std::vector<int>& kernels, int calls) {
   std::vector<SeqRows> seqs;
   int64_t tokens = 0;
-  for (int64_t r : {1, 4, 2}) {
+  for (int64_t r : lengths) {
     seqs.push_back(SeqRows{.row_begin = tokens, .n_rows = r});
     tokens += r;
   }
-  for (int kernel : {2, 3, 4, 8}) {
+  for (int kernel : kernels) {
     Tensor w = random(Shape{channels, kernel}, 0.5f);
     Tensor wg = to_gpu(w, DType::f32);
     std::vector<Tensor> cpu_states, gpu_states;
@@ -484,37 +484,7 @@ TEST_F(Gpu, CausalConvKernelSizes) {
       cpu_states.push_back(random(Shape{kernel - 1, channels}));
       gpu_states.push_back(to_gpu(cpu_states.back(), DType::f32));
     }
-    for (int call = 0; call < 3; ++call) {
-      Tensor x = random(Shape{tokens, channels});
-      Tensor want = cpu.alloc(DType::f32, x.shape()), got = gpu->alloc(DType::f32, x.shape());
-      cpu.causal_conv1d({.x = x, .weight = w, .out = want, .seqs = seqs, .states = cpu_states});
-      gpu->causal_conv1d({.x = to_gpu(x, DType::f32), .weight = wg, .out = got, .seqs = seqs, .states = gpu_states});
-      EXPECT_LT(rel(from_gpu(got), want), 1e-5) << "kernel " << kernel << ", call " << call;
-    }
-    for (size_t i = 0; i < seqs.size(); ++i)
-      EXPECT_EQ(rel(from_gpu(gpu_states[i]), cpu_states[i]), 0.0) << "kernel " << kernel << ", state " << i;
-  }
-}
-
-// Sequences longer than one run of tokens take the token-parallel kernel; the short ones in the
-// same call go through it too, as a single run.
-TEST_F(Gpu, CausalConvLongSequences) {
-  const int64_t channels = 1024 + 33;
-  std::vector<SeqRows> seqs;
-  int64_t tokens = 0;
-  for (int64_t r : {700, 1, 3, 129}) {
-    seqs.push_back(SeqRows{.row_begin = tokens, .n_rows = r});
-    tokens += r;
-  }
-  for (int kernel : {2, 4, 8}) {
-    Tensor w = random(Shape{channels, kernel}, 0.5f);
-    Tensor wg = to_gpu(w, DType::f32);
-    std::vector<Tensor> cpu_states, gpu_states;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      cpu_states.push_back(random(Shape{kernel - 1, channels}));
-      gpu_states.push_back(to_gpu(cpu_states.back(), DType::f32));
-    }
-    for (int call = 0; call < 2; ++call) {
+    for (int call = 0; call < calls; ++call) {
       Tensor x = random(Shape{tokens, channels});
       Tensor want = cpu.alloc(DType::f32, x.shape()), got = gpu->alloc(DType::f32, x.shape());
       cpu.causal_conv1d({.x = x, .weight = w, .out = want, .seqs = seqs, .states = cpu_states});
@@ -525,6 +495,18 @@ TEST_F(Gpu, CausalConvLongSequences) {
             << "kernel " << kernel << ", call " << call << ", state " << i;
     }
   }
+}
+
+// Every kernel size the window registers hold (the decode kernel), channels that are no multiple
+// of a block, sequences of 1 to 4 tokens.
+TEST_F(Gpu, CausalConvKernelSizes) {
+  conv_case(8192 + 33, {1, 4, 2}, {2, 3, 4, 8}, 3);
+}
+
+// Sequences longer than one run of tokens take the token-parallel kernel; the short ones in the
+// same call go through it too, as a single run.
+TEST_F(Gpu, CausalConvLongSequences) {
+  conv_case(1024 + 33, {700, 1, 3, 129}, {2, 4, 8}, 2);
 }
 
 // The recurrent (decode) form against the CPU reference, from the same random state on the same

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs kiln's GPU checks on a GPU machine from binaries built elsewhere.
 #   tools/gpu/run-prebuilt.sh BUNDLE.tar.xz OUT_DIR [test filter]
-# The bundle holds kiln, kiln_gpu_tests, kiln_tests and lib/ (shared libraries the build machine
+# The bundle holds kiln, kiln_gpu_tests, kiln_serve_load and lib/ (shared libraries the build machine
 # linked that the GPU machine may lack). Test binaries look for the source tree at the path they
 # were built from, so that path is linked to this checkout.
 set -u

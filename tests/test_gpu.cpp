@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
+#include "layers/attention.h"
 #include "models/model.h"
 #include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
@@ -236,17 +237,6 @@ TEST_F(Gpu, NormAndRope) {
   }
 }
 
-// A KV cache of `capacity` empty slots on backend b.
-KvCacheView empty_cache(Backend& b, int64_t capacity, int64_t kv_heads, int64_t head_dim) {
-  KvCacheView c;
-  c.capacity = capacity;
-  c.k = b.alloc(b.activation_dtype(), Shape{capacity, kv_heads, head_dim});
-  c.v = b.alloc(b.activation_dtype(), Shape{capacity, kv_heads, head_dim});
-  c.slot_pos = b.alloc(DType::i32, Shape{capacity});
-  b.fill(c.slot_pos, -1.0f);
-  return c;
-}
-
 // Chunked prefill then decode through ring caches, several sequences per call, against the CPU.
 void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int hd, int64_t window, int64_t chunk,
                     std::mt19937& rng) {
@@ -254,8 +244,8 @@ void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int 
   const int64_t capacity = window ? window - 1 + chunk : 64;
   std::vector<KvCacheView> cpu_caches, gpu_caches;
   for (size_t s = 0; s < lengths.size(); ++s) {
-    cpu_caches.push_back(empty_cache(cpu, capacity, hkv, hd));
-    gpu_caches.push_back(empty_cache(gpu, capacity, hkv, hd));
+    cpu_caches.push_back(new_kv_cache(cpu, capacity, hkv, hd));
+    gpu_caches.push_back(new_kv_cache(gpu, capacity, hkv, hd));
   }
   std::normal_distribution<float> dist(0.0f, 1.0f);
   auto rnd = [&](Shape shape) {
@@ -340,8 +330,8 @@ TEST_F(Gpu, AttentionPrefillShapes) {
         const int64_t capacity = window ? window - 1 + 1030 : 1280;
         std::vector<KvCacheView> cpu_caches, gpu_caches;
         for (size_t s = 0; s < calls[0].size(); ++s) {
-          cpu_caches.push_back(empty_cache(cpu, capacity, hkv, hd));
-          gpu_caches.push_back(empty_cache(*gpu, capacity, hkv, hd));
+          cpu_caches.push_back(new_kv_cache(cpu, capacity, hkv, hd));
+          gpu_caches.push_back(new_kv_cache(*gpu, capacity, hkv, hd));
         }
         std::vector<int64_t> done(calls[0].size(), 0);
         for (size_t call = 0; call <= calls.size(); ++call) {

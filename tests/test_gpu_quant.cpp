@@ -260,16 +260,6 @@ TEST_F(GpuQuant, RoutedExperts) {
 
 // Whole quantized models: GPU logits against the CPU's on the same packed weights (and, where the
 // transformers reference is present, the oracle tests of test_gpu.cpp cover them too).
-std::vector<std::string> quantized_fixtures() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir())) {
-    const auto config = entry.path() / "config.json";
-    if (std::filesystem::exists(config) && read_json(config.string()).contains("quantization"))
-      names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 std::vector<float> run_model(Backend& backend, const std::string& fixture, const std::vector<int32_t>& ids,
                              int64_t chunk) {

@@ -220,17 +220,6 @@ TEST(QuantCpu, ExpertsMatchDequantized) {
 
 // ---- whole quantized models ----
 
-std::vector<std::string> quantized_fixtures() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir())) {
-    const auto config = entry.path() / "config.json";
-    if (std::filesystem::exists(config) && read_json(config.string()).contains("quantization"))
-      names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 std::vector<float> run_logits(const std::string& dir, const std::vector<int32_t>& ids, int64_t chunk) {
   CpuBackend backend(2);
   ModelOptions options{.max_chunk_tokens = chunk ? chunk : int64_t(ids.size())};

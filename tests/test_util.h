@@ -42,6 +42,18 @@ inline nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
+// The fixture directories whose config.json declares a quantization, sorted.
+inline std::vector<std::string> quantized_fixtures() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir())) {
+    const auto config = entry.path() / "config.json";
+    if (std::filesystem::exists(config) && read_json(config.string()).contains("quantization"))
+      names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 inline std::vector<int32_t> fixture_ids(const std::string& name) {
   return read_json(fixture_path(name) + "/ids.json").get<std::vector<int32_t>>();
 }

@@ -505,10 +505,16 @@ void launch_attention(const AttnParams& params, cudaStream_t stream) {
   launch(attention_kernel<D, BQ, BK>, params.total_tiles, BQ / 16 * 32, L::bytes, stream, params);
 }
 
-// Tiles of 64 query rows where shared memory allows (Hopper), else 32.
+// Tiles of 64 query rows where shared memory allows (Hopper), else 32. The launch's tokens per
+// tile follow from rows_per_tile, so it and dispatch_tile must take the same decision.
+template <int D>
+bool wide_tiles() {
+  return D <= 256 && AttnSmem<D, 64, 64>::bytes <= max_shared_memory();
+}
+
 template <int D>
 void dispatch_tile(AttnParams params, cudaStream_t stream) {
-  if (D <= 256 && AttnSmem<D, 64, 64>::bytes <= max_shared_memory()) {
+  if (wide_tiles<D>()) {
     launch_attention<D, 64, 64>(params, stream);
   } else {
     launch_attention<D, 32, 32>(params, stream);
@@ -516,12 +522,22 @@ void dispatch_tile(AttnParams params, cudaStream_t stream) {
 }
 
 int rows_per_tile(int head_dim) {
-  const int padded = head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 512;
-  if (padded == 512) return 32;
-  return padded == 256 && AttnSmem<256, 64, 64>::bytes > max_shared_memory() ? 32 : 64;
+  if (head_dim <= 32) return wide_tiles<32>() ? 64 : 32;
+  if (head_dim <= 64) return wide_tiles<64>() ? 64 : 32;
+  if (head_dim <= 128) return wide_tiles<128>() ? 64 : 32;
+  if (head_dim <= 256) return wide_tiles<256>() ? 64 : 32;
+  return 32;
 }
 
 }  // namespace
+
+bool attention_supported(int head_dim, int group) {
+  if (head_dim < 8 || head_dim % 8 != 0 || head_dim > kMaxDecodeDim) return false;  // 16-byte K/V loads
+  if (flash_prefill_fits(head_dim, group)) return true;
+  // the tiled kernel: its shared memory, and all of a KV head's query heads in one tile
+  const bool fits = head_dim <= 256 || AttnSmem<512, 32, 32>::bytes <= max_shared_memory();
+  return fits && group <= rows_per_tile(head_dim);
+}
 
 void rope(const RopeArgs& args, cudaStream_t stream) {
   const int64_t rows = args.x.rows(), tokens = args.positions.numel();

@@ -472,12 +472,20 @@ class CudaBackend final : public Backend {
   }
   void attention(const AttentionArgs& args) override {
     OpTimer timed(this, "attention");
+    const int group = args.n_kv_heads > 0 ? args.n_heads / args.n_kv_heads : 0;
+    if (!cuda::attention_supported(args.head_dim, group))
+      return record(fmt::format("CUDA attention does not take head dim {} with {} query heads per KV head",
+                                args.head_dim, group));
     cuda::attention(
         args, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("attention");
   }
   void causal_conv1d(const CausalConvArgs& args) override {
     OpTimer timed(this, "causal_conv1d");
+    const int64_t channels = args.x.cols(), kernel = channels ? args.weight.numel() / channels : 0;
+    if (kernel < 1 || kernel > cuda::kMaxConvKernel)
+      return record(
+          fmt::format("CUDA causal conv takes kernels of 1 to {} taps, not {}", cuda::kMaxConvKernel, kernel));
     cuda::causal_conv1d(args, stream_);
     after_launch("causal_conv1d");
   }

@@ -380,24 +380,30 @@ bool aligned16(const void* p) {
 // expert's rows, now mostly from L2, where the generic kernels' shared copy of the input pays off.
 // On an H200 at 26B-A4B geometry (hidden 2816, inter 704, top-8), streaming against generic:
 // 46 against 82 µs at 1 token, 138 against 152 at 4, 484 against 506 at 16, 1947 against 1857 at 64.
-// The tensor-core kernels keep the same limit; where they overtake the generic kernels is not
-// measured yet.
 constexpr int64_t kMaxStreamPairs = 128;
 
-// The streaming kernels' shapes: few pairs, rows of whole 16-byte chunks, 16-byte aligned.
-bool streamable(const MoeExpertsArgs& args) {
+// Rows of whole 16-byte chunks, 16-byte aligned: what both the streaming and the tensor-core
+// kernels load.
+bool aligned_rows(const MoeExpertsArgs& args) {
   const int64_t hidden = args.x.cols(), inter = args.gate.dim(1);
-  if (args.x.rows() * args.ids.cols() > kMaxStreamPairs) return false;
   const size_t x_row_bytes = size_t(args.x.row_stride()) * dtype_size(args.x.dtype());
   return hidden % 8 == 0 && inter % 8 == 0 && aligned16(args.x.data()) && x_row_bytes % 16 == 0 &&
          aligned16(args.gate.data()) && aligned16(args.up.data()) && aligned16(args.down.data()) &&
          args.gate.contiguous() && args.up.contiguous() && args.down.contiguous();
 }
 
-// The tensor-core kernels' shapes: streamable, a bf16 input and sizes of whole 32-wide k steps.
+// The streaming kernels' shapes: few pairs of aligned rows.
+bool streamable(const MoeExpertsArgs& args) {
+  return args.x.rows() * args.ids.cols() <= kMaxStreamPairs && aligned_rows(args);
+}
+
+// The tensor-core kernels take every call of up to 32 tokens (a batch-invariant serving step's
+// decode rows): each token's arithmetic there is the same at any token count, so the kernel
+// choice must not depend on the count within that range. A bf16 input, whole 32-wide k steps.
+constexpr int64_t kMaxMmaTokens = 32;
 bool mma_shape(const MoeExpertsArgs& args) {
-  return streamable(args) && args.x.dtype() == DType::bf16 && args.x.cols() % kStepK == 0 &&
-         args.gate.dim(1) % kStepK == 0;
+  return args.x.rows() <= kMaxMmaTokens && aligned_rows(args) && args.x.dtype() == DType::bf16 &&
+         args.x.cols() % kStepK == 0 && args.gate.dim(1) % kStepK == 0;
 }
 
 // Up and down on the tensor cores; act is bf16.

@@ -42,8 +42,11 @@ void argmax(const Tensor& x, Tensor& out, cudaStream_t stream);
 void rope(const RopeArgs& args, cudaStream_t stream);
 void kv_write(const KvWriteArgs& args, cudaStream_t stream);
 void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t stream);
+// Whether attention() takes this head dim and number of query heads per KV head on this device.
+bool attention_supported(int head_dim, int group);
 
 // cuda_recurrent.cu
+constexpr int kMaxConvKernel = 8;  // taps of the causal conv's window
 void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream);
 void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream);
 

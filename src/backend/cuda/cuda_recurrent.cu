@@ -33,8 +33,6 @@ struct StateTable {
   StateSeq seq[kMaxSeqs];
 };
 
-constexpr int kMaxConvKernel = 8;
-
 // The window sits right-aligned in fixed-size arrays (slot kMaxConvKernel - 1 the newest input),
 // so every index is a compile-time constant and the window stays in registers for any kernel size;
 // slots left of the kernel are skipped, never multiplied.

@@ -193,6 +193,56 @@ TEST_F(Gpu, ResidualNorm) {
   }
 }
 
+// A block's output projection with the residual update after it: the fused launch (one or two
+// rows, 8 warps a tile) against the CPU, and bit for bit against the product and the update run
+// one after the other, which is what rows of a larger step get; twice in a row, since the launch
+// leaves its completion counter for the next.
+TEST_F(Gpu, ProductWithResidualNorm) {
+  const int64_t k = 4096;
+  for (int64_t n : {2560, 160})
+    for (bool block_norm : {false, true})
+      for (int64_t m : {1, 2, 3}) {
+        Tensor x = random(Shape{m, k}, 0.5f), w = random(Shape{n, k}), h = random(Shape{m, n});
+        Tensor wb = random(Shape{n}), wn = random(Shape{n}), wm = random(Shape{n});
+        Tensor xg = to_gpu(x), wg = to_gpu(w), wbg = to_gpu(wb, DType::f32), wng = to_gpu(wn, DType::f32),
+               wmg = to_gpu(wm, DType::f32);
+        auto args = [&](Backend& b, const Tensor& residual, DType dt) {
+          return ResidualNormArgs{.residual = residual,
+                                  .block_out = b.alloc(dt, Shape{m, n}),
+                                  .block_norm = block_norm ? (dt == DType::f32 ? wb : wbg) : Tensor(),
+                                  .next = b.alloc(dt, Shape{m, n}),
+                                  .next_norm = dt == DType::f32 ? wn : wng,
+                                  .more_next = {b.alloc(dt, Shape{m, n}), Tensor()},
+                                  .more_next_norm = {dt == DType::f32 ? wm : wmg, Tensor()},
+                                  .eps = 1e-6f,
+                                  .norm_offset = 0.5f,
+                                  .scale = 0.75f};
+        };
+        Tensor h_cpu = cpu.alloc(DType::f32, Shape{m, n});  // updated in place; h stays the input
+        cpu.copy(h, h_cpu);
+        ResidualNormArgs want = args(cpu, h_cpu, DType::f32);
+        cpu.matmul_residual_norm(x, w, want);
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          Tensor hg = to_gpu(h), hs = to_gpu(h);
+          ResidualNormArgs fused = args(*gpu, hg, DType::bf16), split = args(*gpu, hs, DType::bf16);
+          gpu->matmul_residual_norm(xg, wg, fused);
+          Tensor out = split.block_out;
+          gpu->matmul(xg, wg, out);
+          gpu->residual_norm(split);
+          ASSERT_TRUE(gpu->status().ok()) << gpu->status().error().message;
+          EXPECT_LT(rel(from_gpu(hg), want.residual), 1e-2) << n << " " << m;
+          EXPECT_LT(rel(from_gpu(fused.next), want.next), 2e-2) << n << " " << m;
+          EXPECT_LT(rel(from_gpu(fused.more_next[0]), want.more_next[0]), 2e-2) << n << " " << m;
+          for (auto [a, b] : {std::pair{hg, hs}, std::pair{fused.next, split.next},
+                              std::pair{fused.more_next[0], split.more_next[0]}, std::pair{fused.block_out, out}}) {
+            Tensor ah = from_gpu(a), bh = from_gpu(b);
+            for (int64_t i = 0; i < ah.numel(); ++i)
+              ASSERT_EQ(ah.data_as<float>()[i], bh.data_as<float>()[i]) << n << " " << m << " at " << i;
+          }
+        }
+      }
+}
+
 TEST_F(Gpu, NormAndRope) {
   // per-head norms folded into RoPE: full, partial and proportional pairings, a strided input,
   // no rotation at all, and a head too wide for the fused kernel

@@ -33,7 +33,7 @@ void init_gated_delta_state(Backend& backend, LayerState& state, const GatedDelt
 }
 
 Tensor gated_delta_net(Backend& backend, const BatchLayout& batch, int layer, const Tensor& x, const GatedDeltaNet& w,
-                       const GatedDeltaNetShape& s) {
+                       const GatedDeltaNetShape& s, const ResidualNormArgs* then) {
   const int64_t t = batch.n_tokens;
   const DType dt = backend.activation_dtype();
   Tensor qkv = backend.alloc(dt, Shape{t, s.conv_dim()});
@@ -78,7 +78,7 @@ Tensor gated_delta_net(Backend& backend, const BatchLayout& batch, int layer, co
   Tensor z_heads = z.reshape(Shape{t * s.n_v_heads, s.v_dim});
   backend.rms_norm_gated(core_heads, z_heads, w.norm, s.eps, core_heads);
   Tensor out = backend.alloc(dt, Shape{t, x.cols()});
-  backend.matmul(core, w.out_proj, out);
+  output_projection(backend, core, w.out_proj, out, then);
   return out;
 }
 

@@ -40,9 +40,10 @@ struct GatedDeltaNet {
 Result<GatedDeltaNet> load_gated_delta_net(WeightLoader& loader, const std::string& prefix, int64_t hidden,
                                            const GatedDeltaNetShape& shape);
 
-// x [T, hidden] (normed) -> [T, hidden]. State lives in layer `layer` of each sequence.
+// x [T, hidden] (normed) -> [T, hidden]. State lives in layer `layer` of each sequence. With `then`,
+// the residual update that reads the output runs with the output projection (layers/batch.h).
 Tensor gated_delta_net(Backend& backend, const BatchLayout& batch, int layer, const Tensor& x, const GatedDeltaNet& w,
-                       const GatedDeltaNetShape& shape);
+                       const GatedDeltaNetShape& shape, const ResidualNormArgs* then = nullptr);
 
 // Fresh (zero) conv and recurrent states for one sequence.
 void init_gated_delta_state(Backend& backend, LayerState& state, const GatedDeltaNetShape& shape);

@@ -12,13 +12,13 @@ Result<GluMlp> load_glu_mlp(WeightLoader& loader, const std::string& prefix, int
   return m;
 }
 
-Tensor glu_mlp(Backend& backend, const Tensor& x, const GluMlp& mlp, Activation act) {
+Tensor glu_mlp(Backend& backend, const Tensor& x, const GluMlp& mlp, Activation act, const ResidualNormArgs* then) {
   const int64_t t = x.rows(), inter = mlp.gate.dim(0), hidden = mlp.down.dim(0);
   const DType dt = backend.activation_dtype();
   Tensor gated = backend.alloc(dt, Shape{t, inter});
   backend.glu_matmul(x, mlp.gate, mlp.up, act, gated);
   Tensor out = backend.alloc(dt, Shape{t, hidden});
-  backend.matmul(gated, mlp.down, out);
+  output_projection(backend, gated, mlp.down, out, then);
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "layers/batch.h"
 #include "models/loader.h"
 #include "ops/backend.h"
 
@@ -17,8 +18,10 @@ struct GluMlp {
 // prefix: "layers.3.mlp" -> prefix.{gate,up,down}_proj.weight
 Result<GluMlp> load_glu_mlp(WeightLoader& loader, const std::string& prefix, int64_t hidden, int64_t inter);
 
-// down(act(gate x) ⊙ up x); x [T, hidden] -> [T, hidden]
-Tensor glu_mlp(Backend& backend, const Tensor& x, const GluMlp& mlp, Activation act);
+// down(act(gate x) ⊙ up x); x [T, hidden] -> [T, hidden]. With `then`, the residual update that
+// reads the output runs with the down projection (layers/batch.h).
+Tensor glu_mlp(Backend& backend, const Tensor& x, const GluMlp& mlp, Activation act,
+               const ResidualNormArgs* then = nullptr);
 
 // Stacked expert weights, one slice per expert.
 struct ExpertStack {

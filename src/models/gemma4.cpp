@@ -254,11 +254,12 @@ class Gemma4Model final : public Model {
   Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) override;
 
  private:
-  Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
+  // Each block ends with the residual update `then` that reads its output.
+  void attention_block(const BatchLayout& batch, int64_t l, const Tensor& x, const ResidualNormArgs& then);
   struct FeedForwardInputs {
     Tensor mlp, router, experts;  // [T, hidden] each; router and experts in MoE layers only
   };
-  Tensor feed_forward_block(int64_t l, const FeedForwardInputs& in);
+  void feed_forward_block(int64_t l, const FeedForwardInputs& in, const ResidualNormArgs& then);
   Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded);
   Tensor norm(const Tensor& x, const Tensor& weight);
 
@@ -460,7 +461,7 @@ Tensor Gemma4Model::norm(const Tensor& x, const Tensor& weight) {
   return out;
 }
 
-Tensor Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Tensor& x) {
+void Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Tensor& x, const ResidualNormArgs& then) {
   const auto& g = config_.layers[size_t(l)];
   const Gemma4Layer& w = layers_[size_t(l)];
   const int64_t T = batch.n_tokens, Hq = config_.num_attention_heads, hd = g.head_dim, kv = g.n_kv_heads;
@@ -500,17 +501,19 @@ Tensor Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const T
     attn = cached_attention(backend_, batch, int(l), q, &k, &v, shape);
   }
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
-  backend_.matmul(attn, w.o_proj, out);
-  return out;
+  output_projection(backend_, attn, w.o_proj, out, &then);
 }
 
 // The feed-forward block reads the post-attention residual h through up to three norms: the dense
-// MLP's (pre_feedforward_layernorm), and in MoE layers the router's and the experts'. Returns the
-// block's output before post_feedforward_layernorm.
-Tensor Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in) {
+// MLP's (pre_feedforward_layernorm), and in MoE layers the router's and the experts'. Its output,
+// before post_feedforward_layernorm, goes to the residual update `then`.
+void Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in, const ResidualNormArgs& then) {
   const Gemma4Layer& w = layers_[size_t(l)];
+  if (!config_.enable_moe_block) {
+    glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh, &then);
+    return;
+  }
   Tensor mlp = glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh);
-  if (!config_.enable_moe_block) return mlp;
 
   Tensor logits = backend_.alloc(DType::f32, Shape{in.router.rows(), config_.num_experts});
   backend_.matmul(in.router, w.router_proj, logits);
@@ -523,7 +526,9 @@ Tensor Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in) {
                                           .block_out = experts,
                                           .block_norm = w.post_feedforward_layernorm_2,
                                           .eps = float(config_.rms_norm_eps)});
-  return out;
+  ResidualNormArgs update = then;
+  update.block_out = out;
+  backend_.residual_norm(update);
 }
 
 // Per-layer inputs: (per_layer_model_projection(e) · hidden^-1/2, normed per layer, plus the
@@ -558,11 +563,9 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
   for (int64_t l = 0; l < L; ++l) {
     const Gemma4Layer& w = layers_[size_t(l)];
     const bool last = l + 1 == L;
-    Tensor attn = attention_block(batch, l, x);
-    // h += post_attention_layernorm(attn), and the feed-forward block's input norms of h
+    // h += post_attention_layernorm(attention), and the feed-forward block's input norms of h
     FeedForwardInputs ff_in{.mlp = backend_.alloc(dt, Shape{T, H})};
     ResidualNormArgs attn_residual{.residual = h,
-                                   .block_out = attn,
                                    .block_norm = w.post_attention_layernorm,
                                    .next = ff_in.mlp,
                                    .next_norm = w.pre_feedforward_layernorm,
@@ -573,11 +576,9 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
       attn_residual.more_next = {ff_in.router, ff_in.experts};
       attn_residual.more_next_norm = {w.router_norm_weight, w.pre_feedforward_layernorm_2};
     }
-    backend_.residual_norm(attn_residual);
-    Tensor ff = feed_forward_block(l, ff_in);
-    // h += post_feedforward_layernorm(ff); then the per-layer input; h ·= layer_scalar
-    ResidualNormArgs ff_residual{
-        .residual = h, .block_out = ff, .block_norm = w.post_feedforward_layernorm, .eps = eps};
+    attention_block(batch, l, x, attn_residual);
+    // h += post_feedforward_layernorm(feed-forward); then the per-layer input; h ·= layer_scalar
+    ResidualNormArgs ff_residual{.residual = h, .block_norm = w.post_feedforward_layernorm, .eps = eps};
     if (P == 0) {
       ff_residual.scale = w.layer_scalar;
       if (!last) {
@@ -585,20 +586,16 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
         ff_residual.next = x;
         ff_residual.next_norm = layers_[size_t(l + 1)].input_layernorm;
       }
-      backend_.residual_norm(ff_residual);
-      continue;
     }
-    backend_.residual_norm(ff_residual);
+    feed_forward_block(l, ff_in, ff_residual);
+    if (P == 0) continue;
     Tensor gate = backend_.alloc(dt, Shape{T, P});
     backend_.matmul(h, w.per_layer_input_gate, gate);
     backend_.glu(gate, ple.cols_view(l * P, P), Activation::gelu_tanh, gate);
     Tensor proj = backend_.alloc(dt, Shape{T, H});
-    backend_.matmul(gate, w.per_layer_projection, proj);
-    backend_.residual_norm(ResidualNormArgs{.residual = h,
-                                            .block_out = proj,
-                                            .block_norm = w.post_per_layer_input_norm,
-                                            .eps = eps,
-                                            .scale = w.layer_scalar});
+    const ResidualNormArgs per_layer_residual{
+        .residual = h, .block_norm = w.post_per_layer_input_norm, .eps = eps, .scale = w.layer_scalar};
+    output_projection(backend_, gate, w.per_layer_projection, proj, &per_layer_residual);
     if (!last) x = norm(h, layers_[size_t(l + 1)].input_layernorm);
   }
 

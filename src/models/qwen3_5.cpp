@@ -180,8 +180,9 @@ class Qwen35Model final : public Model {
   Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) override;
 
  private:
-  Tensor attention_block(const BatchLayout& batch, int64_t l, const Tensor& x);
-  Tensor feed_forward_block(const Qwen35Layer& w, const Tensor& x);
+  // Each block ends with the residual update `then` that reads its output.
+  void attention_block(const BatchLayout& batch, int64_t l, const Tensor& x, const ResidualNormArgs& then);
+  void feed_forward_block(const Qwen35Layer& w, const Tensor& x, const ResidualNormArgs& then);
   Tensor norm(const Tensor& x, const Tensor& weight);
 
   Qwen35Config config_;
@@ -364,7 +365,7 @@ Tensor Qwen35Model::norm(const Tensor& x, const Tensor& weight) {
   return out;
 }
 
-Tensor Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const Tensor& x) {
+void Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const Tensor& x, const ResidualNormArgs& then) {
   const Qwen35Layer& w = layers_[size_t(l)];
   const int64_t T = batch.n_tokens, Hq = config_.num_attention_heads, kv = config_.num_key_value_heads;
   const int64_t hd = config_.head_dim;
@@ -390,12 +391,14 @@ Tensor Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const T
   Tensor attn_heads = attn.reshape(Shape{T * Hq, hd});
   backend_.sigmoid_mul(attn_heads, gate, attn_heads);
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
-  backend_.matmul(attn, w.o_proj, out);
-  return out;
+  output_projection(backend_, attn, w.o_proj, out, &then);
 }
 
-Tensor Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x) {
-  if (config_.num_experts == 0) return glu_mlp(backend_, x, w.mlp, Activation::silu);
+void Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x, const ResidualNormArgs& then) {
+  if (config_.num_experts == 0) {
+    glu_mlp(backend_, x, w.mlp, Activation::silu, &then);
+    return;
+  }
   const bool shared = config_.shared_expert_intermediate_size > 0;
   Tensor logits = backend_.alloc(DType::f32, Shape{x.rows(), config_.num_experts});
   Tensor shared_gate = shared ? backend_.alloc(DType::f32, Shape{x.rows(), 1}) : Tensor();
@@ -410,7 +413,9 @@ Tensor Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x) {
           .top_k = int(config_.num_experts_per_tok), .renormalize = config_.norm_topk_prob, .expert_scale = Tensor()},
       Activation::silu);
   if (shared) backend_.add_sigmoid_gated(out, glu_mlp(backend_, x, w.shared_expert, Activation::silu), shared_gate);
-  return out;
+  ResidualNormArgs update = then;
+  update.block_out = out;
+  backend_.residual_norm(update);
 }
 
 Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows rows) {
@@ -425,23 +430,20 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
   Tensor x = norm(h, layers_[0].input_layernorm);  // each block's input norm comes with the residual update before it
   for (int64_t l = 0; l < L; ++l) {
     const Qwen35Layer& w = layers_[size_t(l)];
-    Tensor mixed =
-        w.linear ? gated_delta_net(backend_, batch, int(l), x, w.delta, delta_shape_) : attention_block(batch, l, x);
     Tensor ff_in = backend_.alloc(dt, Shape{T, H});
-    backend_.residual_norm(ResidualNormArgs{.residual = h,
-                                            .block_out = mixed,
-                                            .next = ff_in,
-                                            .next_norm = w.post_attention_layernorm,
-                                            .eps = eps,
-                                            .norm_offset = norm_offset_});
-    Tensor ff = feed_forward_block(w, ff_in);
-    ResidualNormArgs ff_residual{.residual = h, .block_out = ff, .eps = eps, .norm_offset = norm_offset_};
+    const ResidualNormArgs mixer_residual{
+        .residual = h, .next = ff_in, .next_norm = w.post_attention_layernorm, .eps = eps, .norm_offset = norm_offset_};
+    if (w.linear)
+      gated_delta_net(backend_, batch, int(l), x, w.delta, delta_shape_, &mixer_residual);
+    else
+      attention_block(batch, l, x, mixer_residual);
+    ResidualNormArgs ff_residual{.residual = h, .eps = eps, .norm_offset = norm_offset_};
     if (l + 1 < L) {
       x = backend_.alloc(dt, Shape{T, H});
       ff_residual.next = x;
       ff_residual.next_norm = layers_[size_t(l + 1)].input_layernorm;
     }
-    backend_.residual_norm(ff_residual);
+    feed_forward_block(w, ff_in, ff_residual);
   }
   Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);
   Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});

@@ -18,4 +18,10 @@ void Backend::glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, 
   glu(out, up_out, act, out);
 }
 
+void Backend::matmul_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args) {
+  Tensor out = args.block_out;
+  matmul(x, w, out);
+  residual_norm(args);
+}
+
 }  // namespace kiln

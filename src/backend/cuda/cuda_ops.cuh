@@ -16,6 +16,11 @@ using Allocate = std::function<Tensor(DType, Shape)>;
 bool small_matmul(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream);
 // Up to four products of the same input in one launch; false when not all of them fit the kernel.
 bool small_matmul_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, cudaStream_t stream);
+// args.block_out = x · wᵀ, then residual_norm(args), in one launch for up to kMaxFusedResidualRows
+// rows; `done` is a zeroed device counter the launch leaves zeroed. False when the shapes do not fit.
+constexpr int64_t kMaxFusedResidualRows = 2;
+bool small_matmul_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args, unsigned* done,
+                                cudaStream_t stream);
 // out = act(x · gateᵀ) ⊙ (x · upᵀ) in one pass over both matrices; false when the shapes do not fit.
 bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
                       cudaStream_t stream);

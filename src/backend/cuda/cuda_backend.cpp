@@ -509,6 +509,9 @@ class CudaBackend final : public Backend {
   }
   void moe_route(const MoeRouteArgs& args) override {
     OpTimer timed(this, "moe_route");
+    if (args.logits.cols() > cuda::kMaxRoutedExperts || args.top_k < 1 || args.top_k > cuda::kMaxRoutedTopK)
+      return record(fmt::format("CUDA routing takes up to {} experts and top-k 1 to {}, not {} and {}",
+                                cuda::kMaxRoutedExperts, cuda::kMaxRoutedTopK, args.logits.cols(), args.top_k));
     cuda::moe_route(args, stream_);
     after_launch("moe_route");
   }

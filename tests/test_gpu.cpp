@@ -286,6 +286,22 @@ TEST_F(Gpu, ShapesBeyondTheKernelsAreRefused) {
       "CUDA causal conv takes kernels of 1 to 8 taps, not 9");
 }
 
+// A new cache's keys and values hold zeros even where the pool recycles NaN-filled memory: the
+// prefill kernels weigh empty slots by zero, and 0 · NaN would be NaN.
+TEST_F(Gpu, NewCacheHoldsNoNaN) {
+  const int64_t capacity = 64, heads = 2, dim = 128;
+  {
+    Tensor junk = gpu->alloc(DType::bf16, Shape{capacity * 2, heads, dim});
+    gpu->fill(junk, NAN);
+    gpu->synchronize();
+  }
+  KvCacheView cache = new_kv_cache(*gpu, capacity, int(heads), int(dim));
+  for (const Tensor& t : {cache.k, cache.v}) {
+    Tensor host = from_gpu(t);
+    for (int64_t i = 0; i < host.numel(); ++i) ASSERT_EQ(host.data_as<float>()[i], 0.0f) << i;
+  }
+}
+
 TEST_F(Gpu, NormAndRope) {
   // per-head norms folded into RoPE: full, partial and proportional pairings, a strided input,
   // no rotation at all, and a head too wide for the fused kernel

@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU f32 reference: every op on random inputs (odd sizes included).
 // Skipped, visibly, where no GPU is present. Whole models: test_gpu_fixtures.cpp.
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -238,6 +239,64 @@ TEST_F(Gpu, ProductWithResidualNorm) {
           }
         }
       }
+}
+
+// Shapes the kernels cannot take are refused with an error (each on a backend of its own: the
+// error sticks), never run on wrong results.
+TEST_F(Gpu, ShapesBeyondTheKernelsAreRefused) {
+  auto refused = [](const std::function<void(Backend&)>& op, const std::string& expected) {
+    auto made = make_cuda_backend(0);
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    std::unique_ptr<Backend> b = std::move(made).value();
+    op(*b);
+    b->synchronize();
+    ASSERT_FALSE(b->status().ok()) << expected;
+    EXPECT_NE(b->status().error().message.find(expected), std::string::npos) << b->status().error().message;
+  };
+  refused(
+      [](Backend& b) {
+        b.moe_route({.logits = b.alloc(DType::f32, Shape{2, 600}),
+                     .ids = b.alloc(DType::i32, Shape{2, 8}),
+                     .weights = b.alloc(DType::f32, Shape{2, 8}),
+                     .top_k = 8});
+      },
+      "CUDA routing takes up to 512 experts");
+  refused(
+      [](Backend& b) {
+        b.moe_route({.logits = b.alloc(DType::f32, Shape{2, 64}),
+                     .ids = b.alloc(DType::i32, Shape{2, 40}),
+                     .weights = b.alloc(DType::f32, Shape{2, 40}),
+                     .top_k = 40});
+      },
+      "top-k 1 to 32");
+  refused(
+      [](Backend& b) {
+        Tensor x = b.alloc(DType::bf16, Shape{3, 16});
+        Tensor out = b.alloc(DType::bf16, Shape{3, 16});
+        Tensor state = b.alloc(DType::bf16, Shape{8, 16});
+        b.causal_conv1d({.x = x,
+                         .weight = b.alloc(DType::f32, Shape{16, 9}),
+                         .out = out,
+                         .seqs = {SeqRows{.row_begin = 0, .n_rows = 3}},
+                         .states = {state}});
+      },
+      "CUDA causal conv takes kernels of 1 to 8 taps, not 9");
+}
+
+// A new cache's keys and values hold zeros even where the pool recycles NaN-filled memory: the
+// prefill kernels weigh empty slots by zero, and 0 · NaN would be NaN.
+TEST_F(Gpu, NewCacheHoldsNoNaN) {
+  const int64_t capacity = 64, heads = 2, dim = 128;
+  {
+    Tensor junk = gpu->alloc(DType::bf16, Shape{capacity * 2, heads, dim});
+    gpu->fill(junk, NAN);
+    gpu->synchronize();
+  }
+  KvCacheView cache = new_kv_cache(*gpu, capacity, int(heads), int(dim));
+  for (const Tensor& t : {cache.k, cache.v}) {
+    Tensor host = from_gpu(t);
+    for (int64_t i = 0; i < host.numel(); ++i) ASSERT_EQ(host.data_as<float>()[i], 0.0f) << i;
+  }
 }
 
 TEST_F(Gpu, NormAndRope) {

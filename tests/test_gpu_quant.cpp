@@ -45,11 +45,11 @@ double tolerance(DType out, int64_t m) {
 
 TEST_F(GpuQuant, MatmulEveryWidthAndGroup) {
   // n: fewer rows than a warp computes, and counts that are no multiple of a warp's or a block's
-  // rows; k: a few chunks (some lanes idle), and 100 chunks (lanes run three or four iterations, both
-  // buffers of the loop)
+  // rows; k: a few chunks (some lanes idle), 100 chunks (lanes run three or four iterations, both
+  // buffers of the loop), and 132 chunks, which these few rows split over a block's warps
   for (int bits : {2, 3, 4, 5, 6, 8})
     for (int group : {32, 64, 128})
-      for (int64_t k : {int64_t(3 * group + (group == 32 ? 64 : 0)), int64_t(3200)})
+      for (int64_t k : {int64_t(3 * group + (group == 32 ? 64 : 0)), int64_t(3200), int64_t(4224)})
         for (int64_t n : {2, 31, 33}) {
           Tensor w = random_quantized(rng, Shape{n, k}, bits, group);  // bf16 scales, as the GPU keeps them
           Tensor wg = gpu->upload_quantized(w);
@@ -115,68 +115,73 @@ TEST_F(GpuQuant, FusedProducts) {
 
 // out = act(x · gateᵀ) ⊙ (x · upᵀ) in one launch over quantized gate and up.
 TEST_F(GpuQuant, GluProduct) {
-  const int64_t k = 2560, n = 45;  // 45: no multiple of a warp's rows
-  for (int bits : {2, 3, 4, 5, 6, 8}) {
-    const int group = bits == 4 ? 64 : bits % 2 ? 32 : 128;
-    Tensor gate = random_quantized(rng, Shape{n, k}, bits, group), up = random_quantized(rng, Shape{n, k}, bits, group);
-    Tensor gate_g = gpu->upload_quantized(gate), up_g = gpu->upload_quantized(up);
-    for (int64_t m : {1, 3, 8, 9, 32}) {
-      Tensor x = random(Shape{m, k}, 0.05f);  // gate values of a few units, where both activations bend
-      Tensor xg = gpu->upload(x, DType::bf16);
-      for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
-        Tensor want = cpu.alloc(DType::f32, Shape{m, n});
-        cpu.glu_matmul(x, gate, up, act, want);
-        for (DType out : {DType::f32, DType::bf16}) {
-          Tensor got = gpu->alloc(out, Shape{m, n});
-          gpu->glu_matmul(xg, gate_g, up_g, act, got);
-          // the activation's slope (at most ~1.1) passes the gate's error on
-          EXPECT_LT(rel(gpu->to_host(got), want), 2 * tolerance(out, m))
-              << bits << " bits, " << m << " rows, " << (act == Activation::silu ? "silu" : "gelu_tanh") << ", "
-              << dtype_name(out);
+  const int64_t n = 45;           // no multiple of a warp's rows
+  for (int64_t k : {2560, 4096})  // 4096: the chunks split over a block's warps
+    for (int bits : {2, 3, 4, 5, 6, 8}) {
+      const int group = bits == 4 ? 64 : bits % 2 ? 32 : 128;
+      Tensor gate = random_quantized(rng, Shape{n, k}, bits, group),
+             up = random_quantized(rng, Shape{n, k}, bits, group);
+      Tensor gate_g = gpu->upload_quantized(gate), up_g = gpu->upload_quantized(up);
+      for (int64_t m : {1, 3, 8, 9, 32}) {
+        Tensor x = random(Shape{m, k}, 0.05f);  // gate values of a few units, where both activations bend
+        Tensor xg = gpu->upload(x, DType::bf16);
+        for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+          Tensor want = cpu.alloc(DType::f32, Shape{m, n});
+          cpu.glu_matmul(x, gate, up, act, want);
+          for (DType out : {DType::f32, DType::bf16}) {
+            Tensor got = gpu->alloc(out, Shape{m, n});
+            gpu->glu_matmul(xg, gate_g, up_g, act, got);
+            // the activation's slope (at most ~1.1) passes the gate's error on
+            EXPECT_LT(rel(gpu->to_host(got), want), 2 * tolerance(out, m))
+                << bits << " bits, " << m << " rows, " << (act == Activation::silu ? "silu" : "gelu_tanh") << ", "
+                << dtype_name(out);
+          }
         }
       }
     }
-  }
 }
 
 // A row of a product of many rows gets exactly the bits it gets alone (up to 32 rows, the GEMV's
 // limit): plain, fused and GLU products, for widths that give a warp four rows (3, 4 bits) and two
 // (8 bits) at one input row.
 TEST_F(GpuQuant, ProductRowsAreBatchInvariant) {
-  const int64_t k = 1024, n = 77;
-  for (int bits : {3, 4, 8}) {
-    Tensor w = random_quantized(rng, Shape{n, k}, bits, 64), gate = random_quantized(rng, Shape{n, k}, bits, 64);
-    Tensor other = random_quantized(rng, Shape{13, k}, bits, 64);
-    Tensor wg = gpu->upload_quantized(w), gate_g = gpu->upload_quantized(gate), other_g = gpu->upload_quantized(other);
-    for (int64_t m : {2, 3, 8, 9, 13, 32}) {
-      Tensor xg = gpu->upload(random(Shape{m, k}), DType::bf16);
-      Tensor all = gpu->alloc(DType::f32, Shape{m, n}), all_glu = gpu->alloc(DType::f32, Shape{m, n});
-      gpu->matmul(xg, wg, all);
-      gpu->glu_matmul(xg, gate_g, wg, Activation::gelu_tanh, all_glu);
-      Tensor all_fused = gpu->alloc(DType::f32, Shape{m, 13}), all_fused_w = gpu->alloc(DType::f32, Shape{m, n});
-      gpu->matmul_many(xg, std::vector<MatmulProduct>{{other_g, all_fused}, {wg, all_fused_w}});
-      const Tensor all_host = gpu->to_host(all), glu_host = gpu->to_host(all_glu), fused_host = gpu->to_host(all_fused);
-      EXPECT_TRUE(same_bits(gpu->to_host(all_fused_w), all_host)) << bits << " bits, " << m << " rows";
-      for (int64_t r = 0; r < m; ++r) {
-        Tensor one = gpu->alloc(DType::f32, Shape{1, n}), one_glu = gpu->alloc(DType::f32, Shape{1, n});
-        Tensor one_fused = gpu->alloc(DType::f32, Shape{1, 13});
-        gpu->matmul(xg.rows_view(r, 1), wg, one);
-        gpu->glu_matmul(xg.rows_view(r, 1), gate_g, wg, Activation::gelu_tanh, one_glu);
-        gpu->matmul(xg.rows_view(r, 1), other_g, one_fused);
-        const Tensor one_host = gpu->to_host(one), one_glu_host = gpu->to_host(one_glu);
-        const Tensor one_fused_host = gpu->to_host(one_fused);
-        for (int64_t c = 0; c < n; ++c) {
-          ASSERT_EQ(one_host.data_as<float>()[c], all_host.data_as<float>()[r * n + c])
-              << bits << " bits, " << m << " rows, row " << r << ", column " << c;
-          ASSERT_EQ(one_glu_host.data_as<float>()[c], glu_host.data_as<float>()[r * n + c])
-              << bits << " bits, " << m << " rows, row " << r << ", column " << c;
+  const int64_t n = 77;
+  for (int64_t k : {1024, 4096})  // 4096: the chunks split over a block's warps
+    for (int bits : {3, 4, 8}) {
+      Tensor w = random_quantized(rng, Shape{n, k}, bits, 64), gate = random_quantized(rng, Shape{n, k}, bits, 64);
+      Tensor other = random_quantized(rng, Shape{13, k}, bits, 64);
+      Tensor wg = gpu->upload_quantized(w), gate_g = gpu->upload_quantized(gate),
+             other_g = gpu->upload_quantized(other);
+      for (int64_t m : {2, 3, 8, 9, 13, 32}) {
+        Tensor xg = gpu->upload(random(Shape{m, k}), DType::bf16);
+        Tensor all = gpu->alloc(DType::f32, Shape{m, n}), all_glu = gpu->alloc(DType::f32, Shape{m, n});
+        gpu->matmul(xg, wg, all);
+        gpu->glu_matmul(xg, gate_g, wg, Activation::gelu_tanh, all_glu);
+        Tensor all_fused = gpu->alloc(DType::f32, Shape{m, 13}), all_fused_w = gpu->alloc(DType::f32, Shape{m, n});
+        gpu->matmul_many(xg, std::vector<MatmulProduct>{{other_g, all_fused}, {wg, all_fused_w}});
+        const Tensor all_host = gpu->to_host(all), glu_host = gpu->to_host(all_glu),
+                     fused_host = gpu->to_host(all_fused);
+        EXPECT_TRUE(same_bits(gpu->to_host(all_fused_w), all_host)) << bits << " bits, " << m << " rows";
+        for (int64_t r = 0; r < m; ++r) {
+          Tensor one = gpu->alloc(DType::f32, Shape{1, n}), one_glu = gpu->alloc(DType::f32, Shape{1, n});
+          Tensor one_fused = gpu->alloc(DType::f32, Shape{1, 13});
+          gpu->matmul(xg.rows_view(r, 1), wg, one);
+          gpu->glu_matmul(xg.rows_view(r, 1), gate_g, wg, Activation::gelu_tanh, one_glu);
+          gpu->matmul(xg.rows_view(r, 1), other_g, one_fused);
+          const Tensor one_host = gpu->to_host(one), one_glu_host = gpu->to_host(one_glu);
+          const Tensor one_fused_host = gpu->to_host(one_fused);
+          for (int64_t c = 0; c < n; ++c) {
+            ASSERT_EQ(one_host.data_as<float>()[c], all_host.data_as<float>()[r * n + c])
+                << bits << " bits, " << m << " rows, row " << r << ", column " << c;
+            ASSERT_EQ(one_glu_host.data_as<float>()[c], glu_host.data_as<float>()[r * n + c])
+                << bits << " bits, " << m << " rows, row " << r << ", column " << c;
+          }
+          for (int64_t c = 0; c < 13; ++c)
+            ASSERT_EQ(one_fused_host.data_as<float>()[c], fused_host.data_as<float>()[r * 13 + c])
+                << bits << " bits, " << m << " rows, row " << r << ", column " << c;
         }
-        for (int64_t c = 0; c < 13; ++c)
-          ASSERT_EQ(one_fused_host.data_as<float>()[c], fused_host.data_as<float>()[r * 13 + c])
-              << bits << " bits, " << m << " rows, row " << r << ", column " << c;
       }
     }
-  }
 }
 
 TEST_F(GpuQuant, MatmulBf16OutputAndStridedInput) {

@@ -57,8 +57,8 @@ void norm_and_rope(Backend& backend, const BatchLayout& batch, const RopeTable& 
 KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim) {
   KvCacheView c;
   c.capacity = capacity;
-  c.k = backend.alloc(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
-  c.v = backend.alloc(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
+  c.k = backend.alloc_cache(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
+  c.v = backend.alloc_cache(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
   c.slot_pos = backend.alloc(DType::i32, Shape{capacity});
   backend.fill(c.slot_pos, -1.0f);
   return c;

@@ -48,6 +48,9 @@ class Backend {
 
   // Memory.
   virtual Tensor alloc(DType dtype, Shape shape) = 0;
+  // Memory for a cache's keys or values. Attention kernels may multiply slots nothing was written
+  // to by zero weights, so a backend whose kernels do must not hand out NaN bit patterns there.
+  virtual Tensor alloc_cache(DType dtype, Shape shape) { return alloc(dtype, shape); }
   // A copy of a host tensor on this device, converted to `dtype` (f32, f16 or bf16 sources).
   virtual Tensor upload(const Tensor& host, DType dtype) = 0;
   // A quantized host matrix (Tensor::quantized) on this device, still packed: the matrix ops read

@@ -144,6 +144,15 @@ class CudaBackend final : public Backend {
     return Tensor(dtype, shape, p, owner, Device::cuda);
   }
 
+  // The prefill attention kernels load whole tiles of slots and weigh empty ones by zero: recycled
+  // pool memory could hold NaN patterns, and 0 · NaN is NaN. Zeroed once, on the stream (not while
+  // a graph is recorded: every replay would zero it again; caches are made before).
+  Tensor alloc_cache(DType dtype, Shape shape) override {
+    Tensor t = alloc(dtype, shape);
+    if (!arena_) check(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_), "alloc_cache");
+    return t;
+  }
+
   Tensor upload(const Tensor& host, DType dtype) override {
     if (host.device() == Device::cuda) return host;
     const DType target = is_float(host.dtype()) ? dtype : host.dtype();
@@ -509,6 +518,9 @@ class CudaBackend final : public Backend {
   }
   void moe_route(const MoeRouteArgs& args) override {
     OpTimer timed(this, "moe_route");
+    if (args.logits.cols() > cuda::kMaxRoutedExperts || args.top_k < 1 || args.top_k > cuda::kMaxRoutedTopK)
+      return record(fmt::format("CUDA routing takes up to {} experts and top-k 1 to {}, not {} and {}",
+                                cuda::kMaxRoutedExperts, cuda::kMaxRoutedTopK, args.logits.cols(), args.top_k));
     cuda::moe_route(args, stream_);
     after_launch("moe_route");
   }

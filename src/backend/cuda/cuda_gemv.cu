@@ -137,6 +137,26 @@ constexpr int rounds_of() {
   return NT >= 3 ? 2 : 4;
 }
 
+// One block's tile of a product: rows [row0, row0 + 16) of w (n x k) against the m input rows,
+// stored as O into out (row stride ldo). `red`: the block's reduce_tile scratch.
+template <int NT, typename O>
+__device__ __forceinline__ void product_tile(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w,
+                                             int64_t row0, int64_t n, int64_t k, int m, O* __restrict__ out,
+                                             int64_t ldo, float* red) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t lo_row = min(row0 + lane / 4, n - 1), hi_row = min(row0 + lane / 4 + 8, n - 1);
+  TileSource<1> src;
+  src.lo[0] = reinterpret_cast<const uint4*>(w + lo_row * k) + lane % 4;
+  src.hi[0] = reinterpret_cast<const uint4*>(w + hi_row * k) + lane % 4;
+  const uint4* xs[NT];
+  input_rows<NT>(x, ldx, m, lane, xs);
+  float acc[1][NT][4];
+  tile_partials<NT, 1, rounds_of<NT>()>(src, xs, k / kStepK, warp, warps, acc);
+  reduce_tile<NT, 1>(red, acc, m, [&](int r, int input, const float(&v)[1]) {
+    if (row0 + r < n) out[input * ldo + row0 + r] = from_float<O>(v[0]);
+  });
+}
+
 // Products p.count of one input; blocks [block_end[s-1], block_end[s]) are the tiles of product s.
 template <int NT, typename O>
 __global__ void __launch_bounds__(512)
@@ -145,21 +165,8 @@ __global__ void __launch_bounds__(512)
   int s = 0;
   while (s + 1 < p.count && int(blockIdx.x) >= p.block_end[s]) ++s;
   const int first_block = s ? p.block_end[s - 1] : 0;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int64_t row0 = int64_t(int(blockIdx.x) - first_block) * kTileRows, n = p.n[s];
-  const int64_t lo_row = min(row0 + lane / 4, n - 1), hi_row = min(row0 + lane / 4 + 8, n - 1);
-  TileSource<1> src;
-  src.lo[0] = reinterpret_cast<const uint4*>(p.w[s] + lo_row * k) + lane % 4;
-  src.hi[0] = reinterpret_cast<const uint4*>(p.w[s] + hi_row * k) + lane % 4;
-  const uint4* xs[NT];
-  input_rows<NT>(x, ldx, m, lane, xs);
-  float acc[1][NT][4];
-  tile_partials<NT, 1, rounds_of<NT>()>(src, xs, k / kStepK, warp, warps, acc);
-  O* out = static_cast<O*>(p.out[s]);
-  const int64_t ldo = p.ldo[s];
-  reduce_tile<NT, 1>(red, acc, m, [&](int r, int input, const float(&v)[1]) {
-    if (row0 + r < n) out[input * ldo + row0 + r] = from_float<O>(v[0]);
-  });
+  const int64_t row0 = int64_t(int(blockIdx.x) - first_block) * kTileRows;
+  product_tile<NT, O>(x, ldx, p.w[s], row0, p.n[s], k, m, static_cast<O*>(p.out[s]), p.ldo[s], red);
 }
 
 // out = act(x · gateᵀ) ⊙ (x · upᵀ): a warp's tile covers the same 16 rows of gate and up, so the
@@ -199,19 +206,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)  // two blocks an SM, as mma_g
   extern __shared__ float red[];
   __shared__ float scratch[kRowWarps];
   __shared__ bool last_block;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
-  const int64_t lo_row = min(row0 + lane / 4, n - 1), hi_row = min(row0 + lane / 4 + 8, n - 1);
-  TileSource<1> src;
-  src.lo[0] = reinterpret_cast<const uint4*>(w + lo_row * k) + lane % 4;
-  src.hi[0] = reinterpret_cast<const uint4*>(w + hi_row * k) + lane % 4;
-  const uint4* xs[1];
-  input_rows<1>(x, ldx, m, lane, xs);
-  float acc[1][1][4];
-  tile_partials<1, 1, rounds_of<1>()>(src, xs, k / kStepK, warp, warps, acc);
-  reduce_tile<1, 1>(red, acc, m, [&](int r, int input, const float(&v)[1]) {
-    if (row0 + r < n) out[input * ldo + row0 + r] = from_float<bf16>(v[0]);
-  });
+  product_tile<1, bf16>(x, ldx, w, int64_t(blockIdx.x) * kTileRows, n, k, m, out, ldo, red);
   __threadfence();  // this block's outputs are visible before it counts itself done
   __syncthreads();
   if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == gridDim.x - 1;

@@ -29,7 +29,8 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxExpertsPerLane = 16;  // up to 512 experts
-constexpr int kMaxTopK = 32;
+static_assert(32 * kMaxExpertsPerLane == kMaxRoutedExperts);
+constexpr int kMaxTopK = kMaxRoutedTopK;
 
 template <typename T>
 __global__ void route_kernel(Rows<const T> logits, int n_experts, int top_k, bool renormalize, const float* scale,

@@ -55,7 +55,9 @@ constexpr int kMaxConvKernel = 8;  // taps of the causal conv's window
 void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream);
 void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream);
 
-// cuda_moe.cu
+// cuda_moe.cu: routing over at most kMaxRoutedExperts experts, top-k at most kMaxRoutedTopK
+constexpr int kMaxRoutedExperts = 512;
+constexpr int kMaxRoutedTopK = 32;
 void moe_route(const MoeRouteArgs& args, cudaStream_t stream);
 void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
 

@@ -180,6 +180,9 @@ struct QProducts {
 };
 
 constexpr int kGemvWarps = 4;
+// Products that give fewer warps than this (at one input row) split each row's chunks over a
+// block's warps: about 16 warps an SM on an H100/H200.
+constexpr int64_t kSplitBelowWarps = 2048;
 
 // Weight rows per warp for M input rows. At M = 1 four rows amortize the input chunk's conversion and
 // sum over four dots and keep 4 × 16 bytes (4 bits) of codes per lane per iteration in flight; 6 and 8
@@ -229,19 +232,27 @@ struct Fetched {
 // Every (weight row, input row) pair gets the same operations in the same order whatever M, R, the
 // loop order below and the products launched beside it are: a row of a batch gets the bits it gets
 // alone. M is an upper bound (rows ≤ M input rows are computed), as in cuda_gemv.cu.
+//
+// splits = 1: the block's warps own different rows. splits = kGemvWarps: they share the block's
+// rows and split the chunks (warp w takes every kGemvWarps-th run of 32), their sums added in warp
+// order: for products with few rows (the 2560-row projections of a 4B model give 640 warps
+// otherwise, and a warp's serial unpacking bounds the product). The host picks it from the shapes
+// alone, so the bits still do not depend on the row count.
 template <int BITS, int M, int R, bool GLU>
 __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 4 : 3)
-    qgemv_kernel(QProducts p, const bf16* __restrict__ x, int64_t ldx, int rows, bool f32_out, bool gelu) {
+    qgemv_kernel(QProducts p, const bf16* __restrict__ x, int64_t ldx, int rows, bool f32_out, bool gelu, int splits) {
   constexpr int kOut = GLU ? R / 2 : R;  // output features of a warp
   constexpr float kScale = ChunkCodes<BITS>::kScale;
+  __shared__ float partial[kGemvWarps][R][M];
   int s = 0;
   if constexpr (!GLU)
     while (s + 1 < p.count && int(blockIdx.x) >= p.block_end[s]) ++s;
   const int first_block = s ? p.block_end[s - 1] : 0;
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t n = p.n[s];
-  const int64_t first = (int64_t(int(blockIdx.x) - first_block) * kGemvWarps + threadIdx.x / 32) * kOut;
-  if (first >= n) return;
+  const int row_warps = splits == 1 ? kGemvWarps : 1, part = splits == 1 ? 0 : warp;
+  const int64_t first = (int64_t(int(blockIdx.x) - first_block) * row_warps + (splits == 1 ? warp : 0)) * kOut;
+  if (first >= n) return;  // with splits > 1, the whole block
   const int chunks = int(p.k / 32);
   const int64_t groups = (p.k / 32) >> p.group_shift;
   const uint32_t* codes[R];
@@ -305,18 +316,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 4 : 3)
   // weights, scales and biases are constant, so the first two are requested before waiting on the
   // previous kernel, whose tail they overlap.
   Fetched<BITS, R> a, b;
-  int c = lane;
+  const int step = 32 * splits;
+  int c = lane + 32 * part;
   if (c < chunks) fetch(a, c);
-  if (c + 32 < chunks) fetch(b, c + 32);
+  if (c + step < chunks) fetch(b, c + step);
   wait_for_inputs();
   while (c < chunks) {
     consume(a, c);
-    if (c + 64 < chunks) fetch(a, c + 64);
-    c += 32;
+    if (c + 2 * step < chunks) fetch(a, c + 2 * step);
+    c += step;
     if (c >= chunks) break;
     consume(b, c);
-    if (c + 64 < chunks) fetch(b, c + 64);
-    c += 32;
+    if (c + 2 * step < chunks) fetch(b, c + 2 * step);
+    c += step;
+  }
+  if (splits > 1) {  // the warps' sums, added in warp order by warp 0
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float v = warp_sum(acc[r][m]);
+        if (lane == 0) partial[warp][r][m] = v;
+      }
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float v = 0.0f;
+        for (int w = 0; w < splits; ++w) v += partial[w][r][m];
+        acc[r][m] = lane == 0 ? v : 0.0f;  // the warp sums below then return v
+      }
   }
   auto store = [&](int o, int m, float v) {
     if (lane != 0 || first + o >= n) return;
@@ -549,16 +580,24 @@ void run_gemv(QProducts p, int products, bool glu, bool gelu, int bits, const Te
     const bf16* xs = x.data_as<bf16>() + r0 * ldx;
     host_with_bits(bits, [&](auto bits_tag) {
       constexpr int BITS = decltype(bits_tag)::value;
+      // the chunks split over a block's warps when the products alone give fewer than
+      // kSplitBelowWarps warps; decided on the shapes (the warps at one input row), never on m
+      constexpr int kOutAtOneRow = rows_per_warp(1, BITS);
+      int64_t warps_at_one_row = 0;
+      for (int i = 0; i < products; ++i) warps_at_one_row += ceil_div(p.n[i], glu ? kOutAtOneRow / 2 : kOutAtOneRow);
+      const int splits = warps_at_one_row < kSplitBelowWarps && p.k / 32 >= 32 * kGemvWarps ? kGemvWarps : 1;
       dispatch_pass_rows(rows, [&](auto rows_tag) {
         constexpr int M = decltype(rows_tag)::value, R = rows_per_warp(M, BITS);
-        const int per_block = kGemvWarps * (glu ? R / 2 : R);  // output features of a block
+        const int per_block = (splits == 1 ? kGemvWarps : 1) * (glu ? R / 2 : R);  // output features of a block
         int blocks = 0;
         for (int i = 0; i < products; ++i) p.block_end[i] = blocks += ceil_div(p.n[i], per_block);
         const bool f32 = out_dtype == DType::f32;
         if (glu)
-          launch(qgemv_kernel<BITS, M, R, true>, blocks, kGemvWarps * 32, 0, stream, p, xs, ldx, rows, f32, gelu);
+          launch(qgemv_kernel<BITS, M, R, true>, blocks, kGemvWarps * 32, 0, stream, p, xs, ldx, rows, f32, gelu,
+                 splits);
         else
-          launch(qgemv_kernel<BITS, M, R, false>, blocks, kGemvWarps * 32, 0, stream, p, xs, ldx, rows, f32, gelu);
+          launch(qgemv_kernel<BITS, M, R, false>, blocks, kGemvWarps * 32, 0, stream, p, xs, ldx, rows, f32, gelu,
+                 splits);
       });
     });
   }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU figures the CUDA and quantization work is judged by, in one run, most important first,
 # each step skipped when what is left of a time budget would not cover it:
-#   tools/gpu/acceptance.sh BUNDLE_DIR OUT_DIR SCRATCH [BUDGET_SECONDS]
+#   tools/gpu/acceptance.sh BUNDLE_DIR OUT_DIR SCRATCH [BUDGET_SECONDS [STEPS]]
+# STEPS picks some of: suite memcheck 4b 12b 26b 27b serve (default: all, in that order), so the
+# whole list can be split over runs that each fit a time limit.
 # BUNDLE_DIR is an unpacked tools/gpu/make-bundle.sh archive (kiln, kiln_gpu_tests,
 # kiln_serve_load, lib/); SCRATCH holds the synthetic models (tmpfs is fastest; the 26B and 27B
 # need ~55 GB). Writes gpu_tests.log, memcheck.txt, bench-NAME-TAG.json per run and summary.txt.
@@ -10,7 +12,7 @@
 #   4. the same models quantized to 4-bit g64: decode and the 4096-token prefill ratio;
 #   5. serving: 32 concurrent clients against one (tools/gpu/serve-load.sh).
 set -u
-bundle=$1 out=$2 scratch=$3 budget=${4:-1500}
+bundle=$1 out=$2 scratch=$3 budget=${4:-1500} steps=${5:-suite memcheck 4b 12b 26b 27b serve}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export LD_LIBRARY_PATH=$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 kiln=$bundle/kiln
@@ -80,11 +82,12 @@ serve() {
   grep -E "aggregate|identical|second turn" "$out/serve-load-invariant.txt" | tee -a "$out/summary.txt"
 }
 
-step 60 suite
-step 120 memcheck
-step 90 geometry "$root/models/configs/qwen3.5-4b.json" 20
-step 150 geometry "$root/models/configs/gemma4-12b.json" 45
-QUANTIZED=0 step 240 geometry "$root/models/configs/gemma4-26b-a4b.json" 100
-QUANTIZED=0 step 240 geometry "$root/models/configs/qwen3.5-27b.json" 90
-step 150 serve
+wanted() { [[ " $steps " == *" $1 "* ]]; }
+wanted suite && step 60 suite
+wanted memcheck && step 120 memcheck
+wanted 4b && step 90 geometry "$root/models/configs/qwen3.5-4b.json" 20
+wanted 12b && step 150 geometry "$root/models/configs/gemma4-12b.json" 45
+wanted 26b && QUANTIZED=0 step 240 geometry "$root/models/configs/gemma4-26b-a4b.json" 100
+wanted 27b && QUANTIZED=0 step 240 geometry "$root/models/configs/qwen3.5-27b.json" 90
+wanted serve && step 150 serve
 echo "took $(($(date +%s) - start)) s" | tee -a "$out/summary.txt"

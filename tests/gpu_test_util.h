@@ -53,6 +53,9 @@ class GpuTest : public testing::Test {
     return t;
   }
 
+  Tensor to_gpu(const Tensor& host, DType dtype = DType::bf16) { return gpu->upload(host, dtype); }
+  Tensor from_gpu(const Tensor& device) { return gpu->to_host(device); }
+
   std::unique_ptr<Backend> gpu;
   CpuBackend cpu{4};
   std::mt19937 rng;

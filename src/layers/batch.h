@@ -21,15 +21,19 @@ struct PreparedBatch {
   Tensor ids;  // [n_tokens] i32
 };
 
+// The residual update `then` applied to a block's output.
+inline ResidualNormArgs reading(const ResidualNormArgs& then, const Tensor& block_out) {
+  ResidualNormArgs args = then;
+  args.block_out = block_out;
+  return args;
+}
+
 // out = x · wᵀ as the last step of a block. With `then`, the residual update that reads the block's
-// output (then->block_out becomes out) runs with the product as one op, which saves a launch per
-// block at decode.
+// output runs with the product as one op, which saves a launch per block at decode.
 inline void output_projection(Backend& backend, const Tensor& x, const Tensor& w, Tensor& out,
                               const ResidualNormArgs* then) {
   if (!then) return backend.matmul(x, w, out);
-  ResidualNormArgs args = *then;
-  args.block_out = out;
-  backend.matmul_residual_norm(x, w, args);
+  backend.matmul_residual_norm(x, w, reading(*then, out));
 }
 
 }  // namespace kiln

@@ -526,9 +526,7 @@ void Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in, con
                                           .block_out = experts,
                                           .block_norm = w.post_feedforward_layernorm_2,
                                           .eps = float(config_.rms_norm_eps)});
-  ResidualNormArgs update = then;
-  update.block_out = out;
-  backend_.residual_norm(update);
+  backend_.residual_norm(reading(then, out));
 }
 
 // Per-layer inputs: (per_layer_model_projection(e) · hidden^-1/2, normed per layer, plus the

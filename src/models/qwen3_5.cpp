@@ -413,9 +413,7 @@ void Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x, cons
           .top_k = int(config_.num_experts_per_tok), .renormalize = config_.norm_topk_prob, .expert_scale = Tensor()},
       Activation::silu);
   if (shared) backend_.add_sigmoid_gated(out, glu_mlp(backend_, x, w.shared_expert, Activation::silu), shared_gate);
-  ResidualNormArgs update = then;
-  update.block_out = out;
-  backend_.residual_norm(update);
+  backend_.residual_norm(reading(then, out));
 }
 
 Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows rows) {

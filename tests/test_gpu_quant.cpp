@@ -263,6 +263,47 @@ TEST_F(GpuQuant, RoutedExperts) {
   }
 }
 
+// A prefill's routed experts grouped by expert (more than 32 tokens, sizes multiples of 64): every
+// width, group sizes 32 to 128, a dense down projection beside packed gate and up, two experts no
+// pair is routed to. The GEMMs round the dequantized weights and the GLU output to bf16.
+TEST_F(GpuQuant, RoutedExpertsGroupedForPrefill) {
+  const int64_t tokens = 100, hidden = 128, inter = 64, experts = 12, routed = 10;
+  const int top_k = 3;
+  for (int bits : {2, 3, 4, 5, 6, 8}) {
+    const int group = bits % 2 ? 64 : bits == 4 ? 128 : 32;
+    Tensor gate = random_quantized(rng, Shape{experts, inter, hidden}, bits, group);
+    Tensor up = random_quantized(rng, Shape{experts, inter, hidden}, bits, group);
+    const bool dense_down = bits == 6;
+    Tensor down = random_quantized(rng, Shape{experts, hidden, inter}, bits, 32);
+    if (dense_down) {  // values bf16 holds exactly, so that both sides multiply the same weights
+      down = dequantized(down);
+      for (int64_t i = 0; i < down.numel(); ++i)
+        down.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(down.data_as<float>()[i]));
+    }
+    Tensor x = random(Shape{tokens, hidden}, 0.5f);
+    Tensor ids = host_tensor(DType::i32, Shape{tokens, top_k}), weights = host_tensor(DType::f32, Shape{tokens, top_k});
+    for (int64_t i = 0; i < tokens * top_k; ++i) {
+      ids.data_as<int32_t>()[i] = int32_t((i * 7 + i / top_k) % routed);
+      weights.data_as<float>()[i] = 0.2f + 0.1f * float(i % 4);
+    }
+    for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+      Tensor want = cpu.alloc(DType::f32, Shape{tokens, hidden});
+      cpu.moe_experts(
+          {.x = x, .ids = ids, .weights = weights, .gate = gate, .up = up, .down = down, .out = want, .act = act});
+      Tensor got = gpu->alloc(DType::f32, Shape{tokens, hidden});
+      gpu->moe_experts({.x = gpu->upload(x, DType::bf16),
+                        .ids = gpu->upload(ids, DType::i32),
+                        .weights = gpu->upload(weights, DType::f32),
+                        .gate = gpu->upload_quantized(gate),
+                        .up = gpu->upload_quantized(up),
+                        .down = dense_down ? gpu->upload(down, DType::bf16) : gpu->upload_quantized(down),
+                        .out = got,
+                        .act = act});
+      EXPECT_LT(rel(gpu->to_host(got), want), 1e-2) << bits << " bits";
+    }
+  }
+}
+
 // Whole quantized models: GPU logits against the CPU's on the same packed weights (and, where the
 // transformers reference is present, the oracle tests of test_gpu.cpp cover them too).
 

@@ -34,6 +34,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mma_tiles.cuh"
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_quant_codes.cuh"
 
 namespace kiln::cuda {
 
@@ -483,7 +484,7 @@ struct GroupedGemm {
   const bf16* a;
   int64_t lda;
   int a_row_divisor;  // A row of a pair: pair / a_row_divisor
-  const bf16* b[2];   // expert stacks [E, n, k]
+  QView b[2];         // expert stacks [E, n, k] (rows E·n): bf16 values or packed codes
   void* out;          // [pairs, n]
   int64_t n, k;
   const int* sorted;
@@ -508,8 +509,11 @@ __device__ __forceinline__ int expert_of_tile(const int* tile_starts, int expert
 }
 
 // One 64 x 64 output tile of one expert's pairs: P = 2 multiplies gate and up and writes the GLU
-// (bf16), P = 1 writes the product (f32).
-template <int P>
+// (bf16), P = 1 writes the product (f32). BITS = 16: bf16 weights, copied with cp.async; otherwise
+// packed codes of that width, which threads fetch a step ahead into registers (thread i: row i % 64
+// of matrix i / 64) and turn into bf16 rows of the next step's tile after this step's MMAs — w =
+// s·q + b rounded to bf16, as the dense prefill's dequantized blocks (cuda_quant.cu).
+template <int P, int BITS>
 __global__ void __launch_bounds__(kGroupedThreads) grouped_expert_kernel(GroupedGemm g) {
   __shared__ __align__(16) bf16 a_tile[2][kRowsPerTile * kLead];
   __shared__ __align__(16) bf16 b_tile[2][P][kColsPerTile * kLead];
@@ -534,17 +538,55 @@ __global__ void __launch_bounds__(kGroupedThreads) grouped_expert_kernel(Grouped
     const int pair = a_in[h] ? g.sorted[first + r] : 0;
     a_src[h] = g.a + int64_t(pair / g.a_row_divisor) * g.lda + col;
 #pragma unroll
-    for (int p = 0; p < P; ++p) b_src[h][p] = g.b[p] + (int64_t(e) * g.n + n0 + r) * g.k + col;
+    for (int p = 0; p < P; ++p)
+      b_src[h][p] = BITS == 16 ? g.b[p].values + (int64_t(e) * g.n + n0 + r) * g.k + col : nullptr;
   }
   auto load = [&](int64_t k0, int buf) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int c = tid + h * kGroupedThreads, r = c / 4, col = (c % 4) * 8;
       cp_async16(&a_tile[buf][r * kLead + col], a_src[h] + k0, a_in[h]);
+      if constexpr (BITS == 16) {
 #pragma unroll
-      for (int p = 0; p < P; ++p) cp_async16(&b_tile[buf][p][r * kLead + col], b_src[h][p] + k0, true);
+        for (int p = 0; p < P; ++p) cp_async16(&b_tile[buf][p][r * kLead + col], b_src[h][p] + k0, true);
+      }
     }
     cp_async_commit();
+  };
+  // packed weights: this thread's row of the B tile, its codes and group of one step in registers
+  constexpr int kCodeWords = BITS == 16 ? 1 : BITS;
+  const int b_matrix = P == 2 ? tid / kColsPerTile : 0, b_row = tid % kColsPerTile;
+  const bool b_owner = BITS != 16 && (P == 2 || tid < kColsPerTile);
+  const QView& bq = g.b[b_matrix];
+  const int64_t weight_row = int64_t(e) * g.n + n0 + b_row;
+  uint32_t codes[kCodeWords];
+  bf16 scale, bias;
+  auto fetch_codes = [&](int64_t step) {
+    if constexpr (BITS != 16) {
+      if (!b_owner) return;
+      load_chunk<BITS>(bq.row_words(weight_row) + step * BITS, codes);
+      const int64_t group = weight_row * bq.groups() + step * kGroupedStepK / bq.group_size;
+      scale = bq.scales[group];
+      bias = bq.biases[group];
+    }
+  };
+  auto store_weights = [&](int buf) {
+    if constexpr (BITS != 16) {
+      if (!b_owner) return;
+      float q[32];
+      chunk_values<BITS>(codes, q);
+      const float s = __bfloat162float(scale), b = __bfloat162float(bias);
+      uint4* dst = reinterpret_cast<uint4*>(&b_tile[buf][b_matrix][b_row * kLead]);
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        uint4 packed;
+        __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          pairs[j] = __floats2bfloat162_rn(fmaf(s, q[8 * v + 2 * j], b), fmaf(s, q[8 * v + 2 * j + 1], b));
+        dst[v] = packed;
+      }
+    }
   };
 
   const int wm = warp / 2, wn = warp % 2;  // the warp's 32 x 32 outputs
@@ -564,11 +606,16 @@ __global__ void __launch_bounds__(kGroupedThreads) grouped_expert_kernel(Grouped
 
   const int64_t steps = g.k / kGroupedStepK;
   load(0, 0);
+  fetch_codes(0);
+  store_weights(0);
   for (int64_t s = 0; s < steps; ++s) {
     const int buf = int(s & 1);
     cp_async_wait_all();
     __syncthreads();  // this step's tiles are in, and every warp is done with the other buffer
-    if (s + 1 < steps) load((s + 1) * kGroupedStepK, buf ^ 1);
+    if (s + 1 < steps) {
+      load((s + 1) * kGroupedStepK, buf ^ 1);
+      fetch_codes(s + 1);
+    }
 #pragma unroll
     for (int kk = 0; kk < kGroupedStepK / 16; ++kk) {
       unsigned a[2][4];
@@ -587,6 +634,7 @@ __global__ void __launch_bounds__(kGroupedThreads) grouped_expert_kernel(Grouped
           }
         }
     }
+    if (s + 1 < steps) store_weights(buf ^ 1);  // read at the next step, after its barrier
   }
 
   // element v of fragment (i, j): row 16 i + g + 8 (v / 2), column 8 j + 2 t + v % 2 of the warp's
@@ -615,12 +663,35 @@ __global__ void __launch_bounds__(kGroupedThreads) grouped_expert_kernel(Grouped
     }
 }
 
+// Weights the grouped GEMMs read: bf16 stacks, or packed codes with bf16 scales and biases.
+bool grouped_weights(const Tensor& w) {
+  if (!w.quantized()) return w.dtype() == DType::bf16 && w.contiguous();
+  const QuantParams& q = w.quant();
+  return q.scales.dtype() == DType::bf16 && q.biases.dtype() == DType::bf16 && q.scales.contiguous() &&
+         q.biases.contiguous() && reinterpret_cast<uintptr_t>(w.data()) % 16 == 0;
+}
+
+// The width a launch's template takes: 16 for bf16 weights.
+int weight_bits(const Tensor& w) {
+  return w.quantized() ? w.quant().bits : 16;
+}
+
+template <typename F>
+void with_weight_bits(int bits, F&& f) {
+  if (bits == 16)
+    f(std::integral_constant<int, 16>{});
+  else
+    host_with_bits(bits, f);
+}
+
+// Prefill-sized calls (more tokens than the per-pair tensor-core kernels take) whose sizes are
+// multiples of the tiles; gate and up alike (both bf16, or packed at one width).
 bool grouped_shape(const MoeExpertsArgs& args) {
   const int64_t hidden = args.x.cols(), inter = args.gate.dim(1), experts = args.gate.dim(0);
-  auto packed = [](const Tensor& t) { return t.dtype() == DType::bf16 && t.contiguous(); };
-  return args.x.dtype() == DType::bf16 && args.x.row_stride() % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(args.x.data()) % 16 == 0 && packed(args.gate) && packed(args.up) &&
-         packed(args.down) && hidden % kColsPerTile == 0 && inter % kColsPerTile == 0 && experts <= kMaxRoutedExperts &&
+  return args.x.rows() > kMaxMmaTokens && args.x.dtype() == DType::bf16 && args.x.row_stride() % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(args.x.data()) % 16 == 0 && grouped_weights(args.gate) &&
+         grouped_weights(args.up) && grouped_weights(args.down) && weight_bits(args.gate) == weight_bits(args.up) &&
+         hidden % kColsPerTile == 0 && inter % kColsPerTile == 0 && experts <= kMaxRoutedExperts &&
          args.ids.contiguous() && args.weights.contiguous();
 }
 
@@ -641,7 +712,7 @@ void moe_experts_grouped(const MoeExpertsArgs& args, const Allocate& allocate, c
   GroupedGemm up{.a = args.x.data_as<bf16>(),
                  .lda = args.x.row_stride(),
                  .a_row_divisor = top_k,
-                 .b = {args.gate.data_as<bf16>(), args.up.data_as<bf16>()},
+                 .b = {view_of(args.gate), view_of(args.up)},
                  .out = act.data(),
                  .n = inter,
                  .k = hidden,
@@ -650,17 +721,23 @@ void moe_experts_grouped(const MoeExpertsArgs& args, const Allocate& allocate, c
                  .tile_starts = tile_starts,
                  .experts = int(experts),
                  .gelu = args.act == Activation::gelu_tanh};
-  launch(grouped_expert_kernel<2>, dim3(unsigned(inter / kColsPerTile), row_tiles), kGroupedThreads, 0, stream, up);
+  with_weight_bits(weight_bits(args.gate), [&](auto bits) {
+    launch(grouped_expert_kernel<2, decltype(bits)::value>, dim3(unsigned(inter / kColsPerTile), row_tiles),
+           kGroupedThreads, 0, stream, up);
+  });
   GroupedGemm down = up;
   down.a = act.data_as<bf16>();
   down.lda = inter;
   down.a_row_divisor = 1;
-  down.b[0] = args.down.data_as<bf16>();
-  down.b[1] = nullptr;
+  down.b[0] = view_of(args.down);
+  down.b[1] = QView{};
   down.out = y.data();
   down.n = hidden;
   down.k = inter;
-  launch(grouped_expert_kernel<1>, dim3(unsigned(hidden / kColsPerTile), row_tiles), kGroupedThreads, 0, stream, down);
+  with_weight_bits(weight_bits(args.down), [&](auto bits) {
+    launch(grouped_expert_kernel<1, decltype(bits)::value>, dim3(unsigned(hidden / kColsPerTile), row_tiles),
+           kGroupedThreads, 0, stream, down);
+  });
   dispatch_float(args.out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     launch(expert_combine_kernel<T>, ceil_div(tokens * hidden, 256), 256, 0, stream, y.data_as<float>(),
@@ -669,6 +746,12 @@ void moe_experts_grouped(const MoeExpertsArgs& args, const Allocate& allocate, c
 }
 
 }  // namespace
+
+bool grouped_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream) {
+  if (args.x.rows() * args.ids.cols() == 0 || !grouped_shape(args)) return false;
+  moe_experts_grouped(args, allocate, stream);
+  return true;
+}
 
 void moe_route(const MoeRouteArgs& args, cudaStream_t stream) {
   const int64_t tokens = args.logits.rows();
@@ -691,7 +774,7 @@ void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStrea
   if (pairs == 0) return;
   assert(args.gate.dtype() == DType::bf16);
   if (mma_shape(args)) return moe_experts_mma(args, allocate, stream);
-  if (grouped_shape(args)) return moe_experts_grouped(args, allocate, stream);
+  if (grouped_moe_experts(args, allocate, stream)) return;
   Tensor act = allocate(DType::f32, Shape{pairs, inter});
   constexpr int kWarps = 8;
   constexpr size_t kDefaultSharedBytes = 48 * 1024;  // more needs a per-kernel opt-in

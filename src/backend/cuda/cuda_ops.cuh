@@ -60,6 +60,9 @@ constexpr int kMaxRoutedExperts = 512;
 constexpr int kMaxRoutedTopK = 32;
 void moe_route(const MoeRouteArgs& args, cudaStream_t stream);
 void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
+// More tokens than decode takes, grouped by expert (bf16 or quantized stacks, sizes multiples of
+// 64); false when the call does not fit (moe_experts and quantized_moe_experts then run per pair).
+bool grouped_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
 
 // cuda_quant.cu: quantized weights (MLX affine, src/quant/affine.h), scales and biases in bf16.
 // out[m, n] = x[m, k] · dequant(w)[n, k]ᵀ for a few rows (decode), one pass over the weights per 8

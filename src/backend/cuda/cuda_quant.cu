@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_quant_codes.cuh"
 #include "core/tensor.h"
 
 namespace kiln::cuda {
@@ -26,141 +27,12 @@ namespace {
 
 constexpr int kWarps = 8;
 
-// A quantized matrix as the kernels read it: scales and biases are bf16 on the device. The
-// expert kernels also take a plain bf16 stack through it (`values` set), since a checkpoint may
-// leave one projection of the experts unquantized.
-struct QView {
-  const uint32_t* packed;
-  const bf16* scales;
-  const bf16* biases;
-  const bf16* values;  // a dense bf16 matrix instead
-  int64_t rows = 0, cols = 0;
-  int bits = 0, group_size = 0;
-  __device__ __forceinline__ const uint32_t* row_words(int64_t r) const { return packed + r * (cols / 32) * bits; }
-  __device__ __forceinline__ int64_t groups() const { return cols / group_size; }
-};
-
-QView view_of(const Tensor& w) {
-  if (!w.quantized())
-    return QView{.packed = nullptr,
-                 .scales = nullptr,
-                 .biases = nullptr,
-                 .values = w.data_as<bf16>(),
-                 .rows = w.rows(),
-                 .cols = w.cols()};
-  const QuantParams& q = w.quant();
-  return QView{.packed = static_cast<const uint32_t*>(w.data()),
-               .scales = q.scales.data_as<bf16>(),
-               .biases = q.biases.data_as<bf16>(),
-               .values = nullptr,
-               .rows = w.rows(),
-               .cols = w.cols(),
-               .bits = q.bits,
-               .group_size = q.group_size};
-}
-
-// The BITS words of codes of one 32-element chunk.
-template <int BITS>
-__device__ __forceinline__ void load_chunk(const uint32_t* p, uint32_t (&w)[BITS]) {
-  if constexpr (BITS == 4 || BITS == 8) {
-#pragma unroll
-    for (int i = 0; i < BITS / 4; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
-      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-    }
-  } else if constexpr (BITS == 2 || BITS == 6) {
-#pragma unroll
-    for (int i = 0; i < BITS / 2; ++i) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
-      w[2 * i] = v.x, w[2 * i + 1] = v.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < BITS; ++i) w[i] = __ldg(p + i);
-  }
-}
-
-// Calls f(std::integral_constant<int, BITS>) for a runtime width.
-template <typename F>
-__device__ __forceinline__ void with_bits(int bits, F&& f) {
-  switch (bits) {
-    case 2:
-      f(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      f(std::integral_constant<int, 3>{});
-      break;
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      break;
-    case 5:
-      f(std::integral_constant<int, 5>{});
-      break;
-    case 6:
-      f(std::integral_constant<int, 6>{});
-      break;
-    default:
-      f(std::integral_constant<int, 8>{});
-      break;
-  }
-}
-
 // ---- decode: fused dequantize + GEMV ----
 //
-// Turning codes into floats is what bounds this kernel, not the multiply: an integer-to-float
-// conversion runs at a quarter of the FMA rate. So a code goes into the mantissa of a float whose
-// exponent is fixed instead: f = 0.5 + q · 2^-(BITS+1) for the general widths (one shift and one
-// LOP3), f = 0.5 + q / 256 for 4 bits (one byte permute per code after splitting nibbles into
-// bytes). With the input chunk's sum Σx,
+// Turning codes into floats is what bounds this kernel, not the multiply (see cuda_quant_codes.cuh
+// for how a code becomes a float without an integer conversion). With the input chunk's sum Σx,
 //   Σ x·q = 2^(BITS+1) · Σ x·f − 2^BITS · Σ x,    acc += s · Σ x·q + b · Σ x.
 // The offset costs ~5 of f32's 24 bits, far below bf16's rounding of the inputs.
-
-// Σ x·f over one chunk, with f(q) = 0.5 + q · 2^-(BITS+1) (4 bits: q / 256), and the factor that
-// turns it back into Σ x·q.
-template <int BITS>
-struct ChunkCodes {
-  float f[32];
-  static constexpr float kScale = BITS == 4 ? 256.0f : float(2 << BITS);
-
-  __device__ __forceinline__ void unpack(const uint32_t (&w)[BITS]) {
-    if constexpr (BITS == 4) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // word j holds codes 8j .. 8j+7, four bits each
-        const uint32_t lo = w[j] & 0x0f0f0f0fu, hi = (w[j] >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {  // byte b of lo: code 2b; of hi: code 2b+1 -> bits 16..23 of 0x3f000000
-          f[8 * j + 2 * b] = __uint_as_float(__byte_perm(lo, 0x3f000000u, 0x7044u | (unsigned(b) << 8)));
-          f[8 * j + 2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x3f000000u, 0x7044u | (unsigned(b) << 8)));
-        }
-      }
-    } else {
-      constexpr int kTop = 23 - BITS;  // the code's place in the mantissa
-      constexpr uint32_t kMask = ((1u << BITS) - 1u) << kTop;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int pos = i * BITS, word = pos / 32, shift = pos % 32;
-        uint32_t v;
-        if (shift + BITS > 32)
-          v = __funnelshift_r(w[word], w[word + 1], shift) << kTop;
-        else
-          v = shift >= kTop ? w[word] >> (shift - kTop) : w[word] << (kTop - shift);
-        f[i] = __uint_as_float((v & kMask) | 0x3f000000u);
-      }
-    }
-  }
-};
-
-// The 32 codes of a chunk as exact floats, through ChunkCodes' mantissa placement (one FMA each
-// instead of an integer conversion): q = kScale · f − kScale / 2.
-template <int BITS>
-__device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {
-  uint32_t words[BITS];
-  load_chunk<BITS>(p, words);
-  ChunkCodes<BITS> codes;
-  codes.unpack(words);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) q[i] = fmaf(codes.f[i], ChunkCodes<BITS>::kScale, -0.5f * ChunkCodes<BITS>::kScale);
-}
 
 // The products of one launch: up to four weights sharing the input, all of one width, group size and
 // input size k. Blocks [block_end[s-1], block_end[s]) compute product s. A GLU launch holds gate (0)
@@ -504,30 +376,6 @@ __global__ void combine_kernel(const float* y, const float* weights, Rows<T> out
   out.row(t)[c] = from_float<T>(acc);
 }
 
-template <typename F>
-void host_with_bits(int bits, F&& f) {
-  switch (bits) {
-    case 2:
-      f(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      f(std::integral_constant<int, 3>{});
-      break;
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      break;
-    case 5:
-      f(std::integral_constant<int, 5>{});
-      break;
-    case 6:
-      f(std::integral_constant<int, 6>{});
-      break;
-    default:
-      f(std::integral_constant<int, 8>{});
-      break;
-  }
-}
-
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -672,6 +520,7 @@ void quantized_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate,
   const int top_k = int(args.ids.cols());
   const int64_t pairs = tokens * top_k;
   if (pairs == 0) return;
+  if (grouped_moe_experts(args, allocate, stream)) return;  // prefill: each expert's pairs as one GEMM
   Tensor act = allocate(DType::f32, Shape{pairs, inter});
   Tensor y = allocate(DType::f32, Shape{pairs, hidden});
   const bool gelu = args.act == Activation::gelu_tanh;

@@ -681,7 +681,7 @@ void with_weight_bits(int bits, F&& f) {
   if (bits == 16)
     f(std::integral_constant<int, 16>{});
   else
-    host_with_bits(bits, f);
+    with_bits(bits, f);
 }
 
 // Prefill-sized calls (more tokens than the per-pair tensor-core kernels take) whose sizes are
@@ -738,14 +738,20 @@ void moe_experts_grouped(const MoeExpertsArgs& args, const Allocate& allocate, c
     launch(grouped_expert_kernel<1, decltype(bits)::value>, dim3(unsigned(hidden / kColsPerTile), row_tiles),
            kGroupedThreads, 0, stream, down);
   });
-  dispatch_float(args.out.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    launch(expert_combine_kernel<T>, ceil_div(tokens * hidden, 256), 256, 0, stream, y.data_as<float>(),
-           args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
-  });
+  combine_experts(y, args.weights, args.out, stream);
 }
 
 }  // namespace
+
+void combine_experts(const Tensor& y, const Tensor& weights, const Tensor& out, cudaStream_t stream) {
+  const int64_t tokens = out.rows(), hidden = out.cols();
+  const int top_k = int(weights.cols());
+  dispatch_float(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch(expert_combine_kernel<T>, ceil_div(tokens * hidden, 256), 256, 0, stream, y.data_as<float>(),
+           weights.data_as<float>(), rows_of<T>(out), tokens, hidden, top_k);
+  });
+}
 
 bool grouped_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream) {
   if (args.x.rows() * args.ids.cols() == 0 || !grouped_shape(args)) return false;
@@ -810,11 +816,7 @@ void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStrea
   launch(expert_down_kernel, dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
          size_t(inter) * sizeof(float), stream, act.data_as<float>(), args.ids.data_as<int32_t>(),
          args.down.data_as<bf16>(), y.data_as<float>(), hidden, inter);
-  dispatch_float(args.out.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    launch(expert_combine_kernel<T>, ceil_div(tokens * hidden, 256), 256, 0, stream, y.data_as<float>(),
-           args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
-  });
+  combine_experts(y, args.weights, args.out, stream);
 }
 
 }  // namespace kiln::cuda

@@ -364,18 +364,6 @@ __global__ void expert_down_kernel(const float* act, const int32_t* ids, QView d
   if (lane == 0) y[pair * hidden + c] = d;
 }
 
-template <typename T>
-__global__ void combine_kernel(const float* y, const float* weights, Rows<T> out, int64_t tokens, int64_t hidden,
-                               int top_k) {
-  wait_for_inputs();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= tokens * hidden) return;
-  const int64_t t = i / hidden, c = i % hidden;
-  float acc = 0;
-  for (int k = 0; k < top_k; ++k) acc += weights[t * top_k + k] * y[(t * top_k + k) * hidden + c];
-  out.row(t)[c] = from_float<T>(acc);
-}
-
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -426,7 +414,7 @@ void run_gemv(QProducts p, int products, bool glu, bool gelu, int bits, const Te
     for (int i = 0; i < products; ++i)
       p.out[i] = const_cast<char*>(static_cast<const char*>(out0[i])) + size_t(r0 * p.ldo[i]) * out_size;
     const bf16* xs = x.data_as<bf16>() + r0 * ldx;
-    host_with_bits(bits, [&](auto bits_tag) {
+    with_bits(bits, [&](auto bits_tag) {
       constexpr int BITS = decltype(bits_tag)::value;
       // the chunks split over a block's warps when the products alone give fewer than
       // kSplitBelowWarps warps; decided on the shapes (the warps at one input row), never on m
@@ -495,7 +483,7 @@ void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor&
   const QView v = view_of(w);
   const int64_t work = n_rows * (v.cols / 32);
   if (work == 0) return;
-  host_with_bits(v.bits, [&](auto tag) {
+  with_bits(v.bits, [&](auto tag) {
     launch(dequantize_kernel<decltype(tag)::value>, ceil_div(work, 256), 256, 0, stream, v, row_begin, n_rows,
            out.data_as<bf16>());
   });
@@ -505,7 +493,7 @@ void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor
   const int64_t n = ids.numel();
   if (n == 0) return;
   const QView v = view_of(table);
-  host_with_bits(v.bits, [&](auto tag) {
+  with_bits(v.bits, [&](auto tag) {
     constexpr int BITS = decltype(tag)::value;
     dispatch_float(out.dtype(), [&](auto o_tag) {
       using O = decltype(o_tag);
@@ -533,11 +521,7 @@ void quantized_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate,
   launch(expert_down_kernel, dim3(unsigned(pairs), unsigned(ceil_div(hidden, kWarps))), kWarps * 32,
          size_t(inter) * sizeof(float), stream, act.data_as<float>(), args.ids.data_as<int32_t>(), view_of(args.down),
          y.data_as<float>(), hidden, inter);
-  dispatch_float(args.out.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    launch(combine_kernel<T>, ceil_div(tokens * hidden, 256), 256, 0, stream, y.data_as<float>(),
-           args.weights.data_as<float>(), rows_of<T>(args.out), tokens, hidden, top_k);
-  });
+  combine_experts(y, args.weights, args.out, stream);
 }
 
 }  // namespace kiln::cuda

@@ -71,9 +71,9 @@ __device__ __forceinline__ void load_chunk(const uint32_t* p, uint32_t (&w)[BITS
   }
 }
 
-// Calls f(std::integral_constant<int, BITS>) for a runtime width.
+// Calls f(std::integral_constant<int, BITS>) for a runtime width (kernels and host code alike).
 template <typename F>
-__device__ __forceinline__ void with_bits(int bits, F&& f) {
+__host__ __device__ __forceinline__ void with_bits(int bits, F&& f) {
   switch (bits) {
     case 2:
       f(std::integral_constant<int, 2>{});
@@ -147,31 +147,6 @@ __device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {
   uint32_t words[BITS];
   load_chunk<BITS>(p, words);
   chunk_values<BITS>(words, q);
-}
-
-// Calls f(std::integral_constant<int, BITS>) for a runtime width, on the host.
-template <typename F>
-void host_with_bits(int bits, F&& f) {
-  switch (bits) {
-    case 2:
-      f(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      f(std::integral_constant<int, 3>{});
-      break;
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      break;
-    case 5:
-      f(std::integral_constant<int, 5>{});
-      break;
-    case 6:
-      f(std::integral_constant<int, 6>{});
-      break;
-    default:
-      f(std::integral_constant<int, 8>{});
-      break;
-  }
 }
 
 }  // namespace kiln::cuda

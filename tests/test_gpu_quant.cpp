@@ -220,6 +220,25 @@ TEST_F(GpuQuant, Embed) {
   }
 }
 
+// A dense stand-in for a packed matrix: its dequantized values rounded to bf16, which both backends
+// then multiply exactly alike.
+Tensor bf16_exact_dequantized(const Tensor& q) {
+  Tensor d = dequantized(q);
+  for (int64_t i = 0; i < d.numel(); ++i) d.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(d.data_as<float>()[i]));
+  return d;
+}
+
+// Routing of `tokens` tokens to top_k of the first `routed` experts, every one of them used, with
+// weights of a few sizes.
+void route_evenly(int64_t tokens, int top_k, int routed, Tensor& ids, Tensor& weights) {
+  ids = host_tensor(DType::i32, Shape{tokens, top_k});
+  weights = host_tensor(DType::f32, Shape{tokens, top_k});
+  for (int64_t i = 0; i < tokens * top_k; ++i) {
+    ids.data_as<int32_t>()[i] = int32_t((i * 7 + i / top_k) % routed);
+    weights.data_as<float>()[i] = 0.2f + 0.1f * float(i % 4);
+  }
+}
+
 TEST_F(GpuQuant, RoutedExperts) {
   const int64_t tokens = 19, hidden = 96, inter = 64, experts = 10;
   const int top_k = 3;
@@ -230,17 +249,10 @@ TEST_F(GpuQuant, RoutedExperts) {
     // multiple of the group size
     const bool dense_down = bits == 8;
     Tensor down = random_quantized(rng, Shape{experts, hidden, inter}, bits, 32);
-    if (dense_down) {  // values bf16 holds exactly, so that both sides multiply the same weights
-      down = dequantized(down);
-      for (int64_t i = 0; i < down.numel(); ++i)
-        down.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(down.data_as<float>()[i]));
-    }
+    if (dense_down) down = bf16_exact_dequantized(down);
     Tensor x = random(Shape{tokens, hidden}, 0.5f);
-    Tensor ids = host_tensor(DType::i32, Shape{tokens, top_k}), weights = host_tensor(DType::f32, Shape{tokens, top_k});
-    for (int64_t i = 0; i < tokens * top_k; ++i) {
-      ids.data_as<int32_t>()[i] = int32_t((i * 7 + i / top_k) % experts);
-      weights.data_as<float>()[i] = 0.2f + 0.1f * float(i % 4);
-    }
+    Tensor ids, weights;
+    route_evenly(tokens, top_k, int(experts), ids, weights);
     Tensor want = cpu.alloc(DType::f32, Shape{tokens, hidden});
     cpu.moe_experts({.x = x,
                      .ids = ids,
@@ -275,17 +287,10 @@ TEST_F(GpuQuant, RoutedExpertsGroupedForPrefill) {
     Tensor up = random_quantized(rng, Shape{experts, inter, hidden}, bits, group);
     const bool dense_down = bits == 6;
     Tensor down = random_quantized(rng, Shape{experts, hidden, inter}, bits, 32);
-    if (dense_down) {  // values bf16 holds exactly, so that both sides multiply the same weights
-      down = dequantized(down);
-      for (int64_t i = 0; i < down.numel(); ++i)
-        down.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(down.data_as<float>()[i]));
-    }
+    if (dense_down) down = bf16_exact_dequantized(down);
     Tensor x = random(Shape{tokens, hidden}, 0.5f);
-    Tensor ids = host_tensor(DType::i32, Shape{tokens, top_k}), weights = host_tensor(DType::f32, Shape{tokens, top_k});
-    for (int64_t i = 0; i < tokens * top_k; ++i) {
-      ids.data_as<int32_t>()[i] = int32_t((i * 7 + i / top_k) % routed);
-      weights.data_as<float>()[i] = 0.2f + 0.1f * float(i % 4);
-    }
+    Tensor ids, weights;
+    route_evenly(tokens, top_k, int(routed), ids, weights);
     for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
       Tensor want = cpu.alloc(DType::f32, Shape{tokens, hidden});
       cpu.moe_experts(

@@ -575,17 +575,8 @@ __global__ void __launch_bounds__(kGroupedThreads) grouped_expert_kernel(Grouped
       if (!b_owner) return;
       float q[32];
       chunk_values<BITS>(codes, q);
-      const float s = __bfloat162float(scale), b = __bfloat162float(bias);
-      uint4* dst = reinterpret_cast<uint4*>(&b_tile[buf][b_matrix][b_row * kLead]);
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        uint4 packed;
-        __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          pairs[j] = __floats2bfloat162_rn(fmaf(s, q[8 * v + 2 * j], b), fmaf(s, q[8 * v + 2 * j + 1], b));
-        dst[v] = packed;
-      }
+      store_dequantized(q, __bfloat162float(scale), __bfloat162float(bias),
+                        reinterpret_cast<uint4*>(&b_tile[buf][b_matrix][b_row * kLead]));
     }
   };
 

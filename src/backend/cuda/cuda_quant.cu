@@ -271,16 +271,7 @@ __global__ void dequantize_kernel(QView w, int64_t row_begin, int64_t n_rows, bf
   unpack32<BITS>(w.row_words(row) + c * BITS, q);
   const int64_t g = row * w.groups() + c * 32 / w.group_size;
   const float s = __bfloat162float(w.scales[g]), b = __bfloat162float(w.biases[g]);
-  uint4* dst = reinterpret_cast<uint4*>(out + r * w.cols + c * 32);
-#pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    uint4 packed;
-    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      p[j] = __floats2bfloat162_rn(fmaf(s, q[8 * v + 2 * j], b), fmaf(s, q[8 * v + 2 * j + 1], b));
-    dst[v] = packed;
-  }
+  store_dequantized(q, s, b, reinterpret_cast<uint4*>(out + r * w.cols + c * 32));
 }
 
 // ---- embedding rows ----

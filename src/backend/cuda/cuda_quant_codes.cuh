@@ -141,6 +141,20 @@ __device__ __forceinline__ void chunk_values(const uint32_t (&words)[BITS], floa
   for (int i = 0; i < 32; ++i) q[i] = fmaf(codes.f[i], ChunkCodes<BITS>::kScale, -0.5f * ChunkCodes<BITS>::kScale);
 }
 
+// A chunk's 32 weights s·q + b as bf16, written as four 16-byte stores at dst (16-byte aligned):
+// the dequantized rows cuBLAS and the grouped experts multiply.
+__device__ __forceinline__ void store_dequantized(const float (&q)[32], float s, float b, uint4* dst) {
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    uint4 packed;
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      pairs[j] = __floats2bfloat162_rn(fmaf(s, q[8 * v + 2 * j], b), fmaf(s, q[8 * v + 2 * j + 1], b));
+    dst[v] = packed;
+  }
+}
+
 // The 32 codes of the chunk at p as exact floats.
 template <int BITS>
 __device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {

@@ -443,11 +443,13 @@ class CudaBackend final : public Backend {
     after_launch("residual_norm");
   }
   void matmul_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args) override {
-    if (!w.quantized() && x.rows() >= 1 && x.rows() <= cuda::kMaxFusedResidualRows &&
+    if (x.rows() >= 1 && x.rows() <= cuda::kMaxFusedResidualRows &&
         args.residual.cols() <= cuda::kMaxResidualNormCols) {
       OpTimer timed(this, "matmul_residual_norm");
-      if (cuda::small_matmul_residual_norm(x, w, args, residual_done_, stream_))
+      if (!w.quantized() && cuda::small_matmul_residual_norm(x, w, args, residual_done_, stream_))
         return after_launch("small_matmul_residual_norm");
+      if (w.quantized() && cuda::quantized_gemv_residual_norm(x, w, args, residual_done_, stream_))
+        return after_launch("quantized_gemv_residual_norm");
     }
     Backend::matmul_residual_norm(x, w, args);
   }

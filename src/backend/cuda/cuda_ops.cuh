@@ -75,6 +75,11 @@ bool quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t 
 // size); false when not all of them fit.
 bool quantized_gemv_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, cudaStream_t stream);
 // out = act(x · gateᵀ) ⊙ (x · upᵀ) in one pass over both quantized matrices; false when they do not fit.
+// args.block_out = x · wᵀ (w quantized in 2, 4 or 8 bits), then residual_norm(args), in one launch for
+// up to kMaxFusedResidualRows rows; false when the call does not fit. A row gets the bits of
+// quantized_gemv followed by residual_norm.
+bool quantized_gemv_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args, unsigned* done,
+                                  cudaStream_t stream);
 bool quantized_glu_gemv(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
                         cudaStream_t stream);
 // rows [row_begin, row_begin + n_rows) of w, dequantized into out (bf16, [n_rows, k] contiguous)

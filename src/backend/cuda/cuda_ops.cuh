@@ -66,22 +66,23 @@ void combine_experts(const Tensor& y, const Tensor& weights, const Tensor& out, 
 // 64); false when the call does not fit (moe_experts and quantized_moe_experts then run per pair).
 bool grouped_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
 
-// cuda_quant.cu: quantized weights (MLX affine, src/quant/affine.h), scales and biases in bf16.
-// out[m, n] = x[m, k] · dequant(w)[n, k]ᵀ for a few rows (decode), one pass over the weights per 8
-// rows of x (bf16, 16-byte aligned rows), bf16 or f32 out; false when the tensors are not ones it
-// handles (the caller then dequantizes for cuBLAS).
+// Quantized weights (MLX affine, src/quant/affine.h), scales and biases in bf16.
+// cuda_quant_gemv.cu, the decode products: out[m, n] = x[m, k] · dequant(w)[n, k]ᵀ for a few rows,
+// up to 8 rows of x a pass over the weights (bf16, 16-byte aligned rows), bf16 or f32 out; false
+// when the tensors are not ones it handles (the caller then dequantizes for cuBLAS).
 bool quantized_gemv(const Tensor& x, const Tensor& w, Tensor& out, cudaStream_t stream);
 // Up to four products of one input in one launch, their weights quantized alike (width, group
 // size); false when not all of them fit.
 bool quantized_gemv_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, cudaStream_t stream);
 // out = act(x · gateᵀ) ⊙ (x · upᵀ) in one pass over both quantized matrices; false when they do not fit.
+bool quantized_glu_gemv(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
+                        cudaStream_t stream);
 // args.block_out = x · wᵀ (w quantized in 2, 4 or 8 bits), then residual_norm(args), in one launch for
 // up to kMaxFusedResidualRows rows; false when the call does not fit. A row gets the bits of
 // quantized_gemv followed by residual_norm.
 bool quantized_gemv_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args, unsigned* done,
                                   cudaStream_t stream);
-bool quantized_glu_gemv(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
-                        cudaStream_t stream);
+// cuda_quant.cu:
 // rows [row_begin, row_begin + n_rows) of w, dequantized into out (bf16, [n_rows, k] contiguous)
 void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream);
 void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream);

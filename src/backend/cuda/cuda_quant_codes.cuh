@@ -1,6 +1,6 @@
 // Packed codes of MLX's affine quantization (src/quant/affine.h) as CUDA kernels read them: a
 // matrix's view, one 32-element chunk's words, and its codes as exact floats. Shared by the
-// quantized products (cuda_quant.cu) and the grouped experts (cuda_moe.cu).
+// quantized products (cuda_quant.cu, cuda_quant_gemv.cu) and the grouped experts (cuda_moe.cu).
 //
 // Turning codes into floats is what bounds these kernels, not the multiply: an integer-to-float
 // conversion runs at a quarter of the FMA rate. So a code goes into the mantissa of a float whose

@@ -341,6 +341,92 @@ TEST_F(Gpu, NormAndRope) {
   }
 }
 
+// A step's attention inputs in one op against the CPU's four ops: Gemma 4's global layer (keys
+// as values, a value norm, proportional RoPE on 512-wide heads), its sliding layer (the value norm
+// in place) and Qwen 3.5's (queries read from a strided view, norm offset 1, no value norm), for
+// a decode row and a three-row chunk of two sequences whose ring caches wrap.
+TEST_F(Gpu, AttentionInputs) {
+  struct Case {
+    int hq, hkv, hd, n_pairs, pair_offset;
+    bool k_as_v, v_norm, strided_q;
+    float norm_offset;
+  };
+  for (const Case& c :
+       {Case{4, 1, 512, 64, 256, true, true, false, 0.0f}, Case{4, 2, 256, 128, 128, false, true, false, 0.0f},
+        Case{4, 2, 128, 32, 32, false, false, true, 1.0f}}) {
+    const std::vector<SeqRows> seqs = {SeqRows{0, 1, 5}, SeqRows{1, 3, 17}};
+    const int64_t tokens = 4, capacity = 8;
+    Tensor pos = host_tensor(DType::i32, Shape{tokens});
+    for (const SeqRows& s : seqs)
+      for (int64_t i = 0; i < s.n_rows; ++i) pos.data_as<int32_t>()[s.row_begin + i] = int32_t(s.pos_begin + i);
+    Tensor freqs = host_tensor(DType::f32, Shape{c.n_pairs});
+    for (int i = 0; i < c.n_pairs; ++i) freqs.data_as<float>()[i] = std::pow(10000.0f, -float(i) / float(c.n_pairs));
+    Tensor q_wide = random(Shape{tokens * c.hq, 2 * c.hd}, 2.0f);
+    Tensor q_in = c.strided_q ? q_wide.cols_view(0, c.hd) : random(Shape{tokens * c.hq, c.hd}, 2.0f);
+    Tensor k = random(Shape{tokens, c.hkv, c.hd}, 2.0f), v = random(Shape{tokens, c.hkv, c.hd}, 2.0f);
+    Tensor q_norm = random(Shape{c.hd}), k_norm = random(Shape{c.hd});
+
+    struct Side {
+      Backend* b;
+      Tensor q, k, v, pos, freqs, q_wide, q_in, q_norm, k_norm;
+      std::vector<KvCacheView> caches;
+    };
+    auto run = [&](Side& s) {
+      AttentionInputsArgs args{
+          .q = RopeArgs{.x = s.q,
+                        .positions = s.pos,
+                        .inv_freq = s.freqs,
+                        .pair_offset = c.pair_offset,
+                        .normalize = true,
+                        .input = s.q_in,
+                        .norm_weight = s.q_norm,
+                        .norm_eps = 1e-6f,
+                        .norm_offset = c.norm_offset},
+          .k = RopeArgs{.x = s.k,
+                        .positions = s.pos,
+                        .inv_freq = s.freqs,
+                        .pair_offset = c.pair_offset,
+                        .normalize = true,
+                        .norm_weight = s.k_norm,
+                        .norm_eps = 1e-6f,
+                        .norm_offset = c.norm_offset},
+          .v = s.v,
+          .v_input = c.v_norm ? (c.k_as_v ? s.k : s.v).reshape(Shape{tokens * c.hkv, c.hd}) : Tensor(),
+          .v_norm_eps = 1e-6f,
+          .kv = KvWriteArgs{.k = s.k, .v = s.v, .positions = s.pos, .seqs = seqs, .caches = s.caches}};
+      s.b->attention_inputs(args);
+    };
+    Side host{&cpu, cpu.alloc(DType::f32, Shape{tokens, c.hq, c.hd}), k, v, pos, freqs, q_wide, q_in, q_norm, k_norm,
+              {}};
+    Tensor q_wide_gpu = to_gpu(q_wide);
+    Side dev{gpu.get(),
+             gpu->alloc(DType::bf16, Shape{tokens, c.hq, c.hd}),
+             to_gpu(k),
+             to_gpu(v),
+             to_gpu(pos, DType::i32),
+             to_gpu(freqs, DType::f32),
+             q_wide_gpu,
+             c.strided_q ? q_wide_gpu.cols_view(0, c.hd) : to_gpu(q_in),
+             to_gpu(q_norm, DType::f32),
+             to_gpu(k_norm, DType::f32),
+             {}};
+    for (int i = 0; i < 2; ++i) {
+      host.caches.push_back(new_kv_cache(cpu, capacity, c.hkv, c.hd));
+      dev.caches.push_back(new_kv_cache(*gpu, capacity, c.hkv, c.hd));
+    }
+    run(host);
+    run(dev);
+    EXPECT_LT(rel(from_gpu(dev.q), host.q), 2e-2) << c.hd;
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_LT(rel(from_gpu(dev.caches[i].k), host.caches[i].k), 2e-2) << c.hd << " seq " << i;
+      EXPECT_LT(rel(from_gpu(dev.caches[i].v), host.caches[i].v), 2e-2) << c.hd << " seq " << i;
+      Tensor slots = from_gpu(dev.caches[i].slot_pos);
+      for (int64_t j = 0; j < capacity; ++j)
+        EXPECT_EQ(slots.data_as<int32_t>()[j], host.caches[i].slot_pos.data_as<int32_t>()[j]) << c.hd << " slot " << j;
+    }
+  }
+}
+
 // Chunked prefill then decode through ring caches, several sequences per call, against the CPU.
 void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int hd, int64_t window, int64_t chunk,
                     std::mt19937& rng) {

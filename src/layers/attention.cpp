@@ -54,6 +54,30 @@ void norm_and_rope(Backend& backend, const BatchLayout& batch, const RopeTable& 
                         .norm_offset = norm.offset});
 }
 
+void write_attention_inputs(Backend& backend, const BatchLayout& batch, int cache_layer, const RopeTable& rope,
+                            const AttentionInputs& in, Tensor& q, Tensor& k, Tensor& v) {
+  auto rope_args = [&](Tensor& x, const Tensor& input, const HeadNorm& norm) {
+    return RopeArgs{.x = x,
+                    .positions = batch.positions,
+                    .inv_freq = rope.inv_freq,
+                    .pair_offset = rope.pair_offset,
+                    .normalize = true,
+                    .input = input,
+                    .norm_weight = norm.weight,
+                    .norm_eps = norm.eps,
+                    .norm_offset = norm.offset};
+  };
+  std::vector<KvCacheView> caches;
+  for (SequenceState* s : batch.states) caches.push_back(s->layers()[size_t(cache_layer)].kv);
+  backend.attention_inputs(AttentionInputsArgs{
+      .q = rope_args(q, in.q_input, in.q_norm),
+      .k = rope_args(k, Tensor(), in.k_norm),
+      .v = v,
+      .v_input = in.v_input,
+      .v_norm_eps = in.v_norm_eps,
+      .kv = KvWriteArgs{.k = k, .v = v, .positions = batch.positions, .seqs = batch.seqs, .caches = caches}});
+}
+
 KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim) {
   KvCacheView c;
   c.capacity = capacity;

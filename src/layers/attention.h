@@ -37,6 +37,19 @@ struct HeadNorm {
 void norm_and_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, const HeadNorm& norm, Tensor& x,
                    const Tensor& input = Tensor());
 
+// A step's attention inputs in one op (Backend::attention_inputs): q and k normalised per head and
+// rotated (q read from q_input when given), v normalised without a weight when v_input is given
+// (which may be k's own projection), and k and v written into layer `cache_layer`'s cache of every
+// sequence; cached_attention then needs no k and v.
+struct AttentionInputs {
+  HeadNorm q_norm, k_norm;
+  Tensor q_input;  // row-strided allowed, or undefined
+  Tensor v_input;  // [T · n_kv_heads, head_dim] or undefined
+  float v_norm_eps = 1e-6f;
+};
+void write_attention_inputs(Backend& backend, const BatchLayout& batch, int cache_layer, const RopeTable& rope,
+                            const AttentionInputs& in, Tensor& q, Tensor& k, Tensor& v);
+
 struct AttentionShape {
   int n_heads = 0;
   int n_kv_heads = 0;

@@ -488,17 +488,21 @@ void Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
     if (!g.k_eq_v) products.push_back({w.v_proj, v});
   }
   backend_.matmul_many(x, products);
-  norm_and_rope(backend_, batch, rope, HeadNorm{.weight = w.q_norm, .eps = eps}, q);
 
+  const HeadNorm q_norm{.weight = w.q_norm, .eps = eps};
   Tensor attn;
   if (g.shares_kv) {
+    norm_and_rope(backend_, batch, rope, q_norm, q);
     attn = cached_attention(backend_, batch, int(g.kv_source), q, nullptr, nullptr, shape);
   } else {
     // values: the raw value (or, with k_eq_v, key) projection under a norm without scale
-    Tensor v_heads = v.reshape(Shape{T * kv, hd});
-    backend_.rms_norm(g.k_eq_v ? k.reshape(Shape{T * kv, hd}) : v_heads, Tensor(), eps, 0.0f, v_heads);
-    norm_and_rope(backend_, batch, rope, HeadNorm{.weight = w.k_norm, .eps = eps}, k);
-    attn = cached_attention(backend_, batch, int(l), q, &k, &v, shape);
+    write_attention_inputs(backend_, batch, int(l), rope,
+                           AttentionInputs{.q_norm = q_norm,
+                                           .k_norm = HeadNorm{.weight = w.k_norm, .eps = eps},
+                                           .v_input = (g.k_eq_v ? k : v).reshape(Shape{T * kv, hd}),
+                                           .v_norm_eps = eps},
+                           q, k, v);
+    attn = cached_attention(backend_, batch, int(l), q, nullptr, nullptr, shape);
   }
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
   output_projection(backend_, attn, w.o_proj, out, &then);

@@ -380,12 +380,14 @@ void Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
   backend_.matmul_many(x, std::vector<MatmulProduct>{{w.q_proj, q_and_gate_rows}, {w.k_proj, k}, {w.v_proj, v}});
   Tensor gate = q_and_gate.cols_view(hd, hd);  // [T·Hq, hd], row-strided
   Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
-  norm_and_rope(backend_, batch, rope_, HeadNorm{.weight = w.q_norm, .eps = eps, .offset = norm_offset_}, q,
-                q_and_gate.cols_view(0, hd));
-  norm_and_rope(backend_, batch, rope_, HeadNorm{.weight = w.k_norm, .eps = eps, .offset = norm_offset_}, k);
+  write_attention_inputs(backend_, batch, int(l), rope_,
+                         AttentionInputs{.q_norm = HeadNorm{.weight = w.q_norm, .eps = eps, .offset = norm_offset_},
+                                         .k_norm = HeadNorm{.weight = w.k_norm, .eps = eps, .offset = norm_offset_},
+                                         .q_input = q_and_gate.cols_view(0, hd)},
+                         q, k, v);
 
   Tensor attn = cached_attention(
-      backend_, batch, int(l), q, &k, &v,
+      backend_, batch, int(l), q, nullptr, nullptr,
       AttentionShape{
           .n_heads = int(Hq), .n_kv_heads = int(kv), .head_dim = int(hd), .scale = float(1.0 / std::sqrt(double(hd)))});
   Tensor attn_heads = attn.reshape(Shape{T * Hq, hd});

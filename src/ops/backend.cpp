@@ -24,4 +24,14 @@ void Backend::matmul_residual_norm(const Tensor& x, const Tensor& w, const Resid
   residual_norm(args);
 }
 
+void Backend::attention_inputs(const AttentionInputsArgs& args) {
+  rope(args.q);
+  if (args.v_input.defined()) {
+    Tensor v = args.v.reshape(args.v_input.shape());
+    rms_norm(args.v_input, Tensor(), args.v_norm_eps, 0.0f, v);
+  }
+  rope(args.k);
+  kv_write(args.kv);
+}
+
 }  // namespace kiln

@@ -110,6 +110,8 @@ class Backend {
   // Sequence ops.
   virtual void rope(const RopeArgs& args) = 0;
   virtual void kv_write(const KvWriteArgs& args) = 0;
+  // rope(q), the value norm, rope(k), kv_write (see the args); a backend may run them as one launch.
+  virtual void attention_inputs(const AttentionInputsArgs& args);
   virtual void attention(const AttentionArgs& args) = 0;
   virtual void causal_conv1d(const CausalConvArgs& args) = 0;
   virtual void gated_delta(const GatedDeltaArgs& args) = 0;

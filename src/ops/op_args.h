@@ -72,6 +72,20 @@ struct RopeArgs {
   float norm_offset = 0.0f;
 };
 
+// The keys and values a step adds to the caches, and its queries, in one op: q and k normalised
+// per head and rotated (their RopeArgs, normalize set), v normalised per head without a weight when
+// v_input is defined (v = rms_norm(v_input); v_input may be the keys' projection itself, which is
+// read before k changes), then k and v written into the caches as kv_write does (kv.k is k.x,
+// kv.v is v).
+struct AttentionInputsArgs {
+  RopeArgs q;
+  RopeArgs k;
+  Tensor v;        // [T, n_kv_heads, head_dim]
+  Tensor v_input;  // [T · n_kv_heads, head_dim] or undefined: v as it is
+  float v_norm_eps = 1e-6f;
+  KvWriteArgs kv;
+};
+
 // The residual update between two blocks and the norm the next block reads:
 //   residual = (residual + b) · scale,  b = rms_norm(block_out) · (block_norm + norm_offset) when
 //   block_norm is defined, else block_out;

@@ -57,17 +57,12 @@ __global__ void rope_kernel(Rows<T> x, const int32_t* positions, const float* in
 constexpr int kNormRopeWarps = 8;
 constexpr int kNormRopeMaxDim = 512;
 
-template <typename T>
-__global__ void norm_rope_kernel(Rows<T> x, Rows<const T> in, const int32_t* positions, const float* inv_freq,
-                                 int heads, int n_pairs, int offset, int64_t rows, int head_dim, const float* weight,
-                                 float eps, float weight_offset) {
-  wait_for_inputs();
-  __shared__ float staged[kNormRopeWarps][kNormRopeMaxDim];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = int64_t(blockIdx.x) * kNormRopeWarps + warp;
-  if (r >= rows) return;
-  float* row = staged[warp];
-  const T* src = in.row(r);
+// One head row: staged in `row` (shared), normalised (scaled by weight + weight_offset when weight is
+// given), rotated at position pos, stored to dst. A warp's lanes take its columns.
+template <typename T, typename S>
+__device__ __forceinline__ void norm_rope_row(const S* src, T* dst, float* row, int lane, int head_dim,
+                                              const float* weight, float eps, float weight_offset, float pos,
+                                              const float* inv_freq, int n_pairs, int offset) {
   float sum = 0;
   for (int c = lane; c < head_dim; c += 32) {
     const float v = to_float(src[c]);
@@ -77,8 +72,6 @@ __global__ void norm_rope_kernel(Rows<T> x, Rows<const T> in, const int32_t* pos
   const float inv = rsqrtf(warp_sum(sum) / float(head_dim) + eps);
   for (int c = lane; c < head_dim; c += 32) row[c] *= weight ? inv * (weight[c] + weight_offset) : inv;
   __syncwarp();
-  const float pos = float(positions[r / heads]);
-  T* dst = x.row(r);
   for (int c = lane; c < head_dim; c += 32) {
     float v = row[c];
     if (c < n_pairs) {
@@ -92,6 +85,74 @@ __global__ void norm_rope_kernel(Rows<T> x, Rows<const T> in, const int32_t* pos
     }
     dst[c] = from_float<T>(v);
   }
+}
+
+template <typename T>
+__global__ void norm_rope_kernel(Rows<T> x, Rows<const T> in, const int32_t* positions, const float* inv_freq,
+                                 int heads, int n_pairs, int offset, int64_t rows, int head_dim, const float* weight,
+                                 float eps, float weight_offset) {
+  wait_for_inputs();
+  __shared__ float staged[kNormRopeWarps][kNormRopeMaxDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = int64_t(blockIdx.x) * kNormRopeWarps + warp;
+  if (r >= rows) return;
+  norm_rope_row(in.row(r), x.row(r), staged[warp], lane, head_dim, weight, eps, weight_offset,
+                float(positions[r / heads]), inv_freq, n_pairs, offset);
+}
+
+// A step's attention inputs in one launch (AttentionInputsArgs): a warp per query head row, then
+// a warp per (token, KV head) that normalises and rotates the key, normalises the value (both
+// read before either is written: the value may be the raw key), and stores both to the tensors
+// and to the token's cache slot. The rows get the bits of norm_rope_kernel.
+struct HeadRows {
+  Rows<bf16> out;
+  Rows<const bf16> in;
+  const float* weight;
+  float eps, weight_offset;
+  const float* inv_freq;
+  int n_pairs, offset;
+};
+
+__global__ void attention_inputs_kernel(HeadRows q, HeadRows k, Rows<bf16> v, Rows<const bf16> v_in, bool v_norm,
+                                        float v_eps, SeqTable table, const int32_t* positions, int q_heads,
+                                        int kv_heads, int head_dim, int64_t tokens) {
+  wait_for_inputs();
+  __shared__ float staged[kNormRopeWarps][2][kNormRopeMaxDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t unit = int64_t(blockIdx.x) * kNormRopeWarps + warp;
+  const int64_t q_rows = tokens * q_heads;
+  if (unit < q_rows) {
+    norm_rope_row(q.in.row(unit), q.out.row(unit), staged[warp][0], lane, head_dim, q.weight, q.eps, q.weight_offset,
+                  float(positions[unit / q_heads]), q.inv_freq, q.n_pairs, q.offset);
+    return;
+  }
+  const int64_t r = unit - q_rows;  // row of k and v: token r / kv_heads, head r % kv_heads
+  if (r >= tokens * kv_heads) return;
+  const int64_t token = r / kv_heads;
+  const int head = int(r % kv_heads);
+  float* vrow = staged[warp][1];
+  float sum = 0;
+  for (int c = lane; c < head_dim; c += 32) {  // the value first: it may be the raw key
+    const float x = to_float(v_in.row(r)[c]);
+    vrow[c] = x;
+    sum += x * x;
+  }
+  const float v_scale = v_norm ? rsqrtf(warp_sum(sum) / float(head_dim) + v_eps) : 1.0f;
+  __syncwarp();
+  const int32_t pos = positions[token];
+  norm_rope_row(k.in.row(r), k.out.row(r), staged[warp][0], lane, head_dim, k.weight, k.eps, k.weight_offset,
+                float(pos), k.inv_freq, k.n_pairs, k.offset);
+  for (int c = lane; c < head_dim; c += 32) v.row(r)[c] = from_float<bf16>(v_norm ? vrow[c] * v_scale : vrow[c]);
+  __syncwarp();
+  const SeqDesc& s = table.seq[find_seq(table, token)];
+  if (token < s.row_begin || token >= s.row_begin + s.n_rows) return;
+  const int64_t slot = pos % s.capacity;
+  const int64_t at = (slot * kv_heads + head) * head_dim;
+  for (int c = lane; c < head_dim; c += 32) {  // each lane reads back what it stored itself
+    s.k[at + c] = k.out.row(r)[c];
+    s.v[at + c] = v.row(r)[c];
+  }
+  if (head == 0 && lane == 0) s.slot_pos[slot] = pos;
 }
 
 __global__ void kv_write_kernel(SeqTable table, const bf16* k, const bf16* v, const int32_t* positions,
@@ -577,6 +638,38 @@ void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
     launch(kv_write_kernel, int(last - first), 64, 0, stream, table, args.k.data_as<bf16>(), args.v.data_as<bf16>(),
            args.positions.data_as<int32_t>(), row_elems, first);
   }
+}
+
+bool attention_inputs(const AttentionInputsArgs& args, cudaStream_t stream) {
+  const RopeArgs &q = args.q, &k = args.k;
+  const int64_t tokens = q.positions.numel(), head_dim = q.x.cols();
+  if (tokens == 0 || !q.normalize || !k.normalize || head_dim > kNormRopeMaxDim || k.x.cols() != head_dim ||
+      args.v.cols() != head_dim || args.kv.seqs.empty() || args.kv.seqs.size() > size_t(kMaxSeqs) ||
+      q.inv_freq.numel() != k.inv_freq.numel() || q.pair_offset != k.pair_offset)
+    return false;
+  for (const Tensor* t : {&q.x, &k.x, &args.v, &q.input, &k.input, &args.v_input})
+    if (t->defined() && t->dtype() != DType::bf16) return false;
+  const int64_t q_heads = q.x.numel() / (tokens * head_dim), kv_heads = k.x.numel() / (tokens * head_dim);
+  const int64_t row_elems = args.kv.caches[0].k.numel() / args.kv.caches[0].capacity;
+  if (row_elems != kv_heads * head_dim || args.v.numel() != k.x.numel() || !k.x.contiguous() || !args.v.contiguous())
+    return false;
+  auto head_rows = [&](const RopeArgs& r) {
+    return HeadRows{rows_of<bf16>(r.x),
+                    rows_of<const bf16>(r.input.defined() ? r.input : r.x),
+                    r.norm_weight.defined() ? r.norm_weight.data_as<float>() : nullptr,
+                    r.norm_eps,
+                    r.norm_offset,
+                    r.inv_freq.numel() ? r.inv_freq.data_as<float>() : nullptr,
+                    int(r.inv_freq.numel()),
+                    r.pair_offset};
+  };
+  const Tensor& v_in = args.v_input.defined() ? args.v_input : args.v;
+  const SeqTable table = make_table(args.kv.seqs, args.kv.caches, 0);
+  const int64_t units = tokens * (q_heads + kv_heads);
+  launch(attention_inputs_kernel, ceil_div(units, kNormRopeWarps), kNormRopeWarps * 32, 0, stream, head_rows(q),
+         head_rows(k), rows_of<bf16>(args.v), rows_of<const bf16>(v_in), args.v_input.defined(), args.v_norm_eps, table,
+         q.positions.data_as<int32_t>(), int(q_heads), int(kv_heads), int(head_dim), tokens);
+  return true;
 }
 
 namespace {

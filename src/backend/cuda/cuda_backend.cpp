@@ -2,6 +2,7 @@
 // every op to its kernels.
 #include <cublas_v2.h>
 #include <fmt/format.h>
+#include <cstdlib>
 
 #include <algorithm>
 #include <cstring>
@@ -493,6 +494,13 @@ class CudaBackend final : public Backend {
     OpTimer timed(this, "kv_write");
     cuda::kv_write(args, stream_);
     after_launch("kv_write");
+  }
+  void attention_inputs(const AttentionInputsArgs& args) override {
+    {
+      OpTimer timed(this, "attention_inputs");
+      if (cuda::attention_inputs(args, stream_)) return after_launch("attention_inputs");
+    }
+    Backend::attention_inputs(args);
   }
   void attention(const AttentionArgs& args) override {
     OpTimer timed(this, "attention");

@@ -46,6 +46,9 @@ void argmax(const Tensor& x, Tensor& out, cudaStream_t stream);
 // cuda_attention.cu
 void rope(const RopeArgs& args, cudaStream_t stream);
 void kv_write(const KvWriteArgs& args, cudaStream_t stream);
+// rope(q), the value norm, rope(k) and kv_write in one launch; false (nothing launched) for
+// arguments beyond it (heads wider than 512, more than 64 sequences, other dtypes than bf16).
+bool attention_inputs(const AttentionInputsArgs& args, cudaStream_t stream);
 void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t stream);
 // Whether attention() takes this head dim and number of query heads per KV head on this device.
 bool attention_supported(int head_dim, int group);

@@ -204,17 +204,8 @@ __global__ void __launch_bounds__(kRowThreads, 2)  // two blocks an SM, as mma_g
     mma_gemv_residual_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, bf16* out,
                              int64_t ldo, int64_t n, int64_t k, int m, ResidualRows<bf16> update, unsigned* done) {
   extern __shared__ float red[];
-  __shared__ float scratch[kRowWarps];
-  __shared__ bool last_block;
   product_tile<1, bf16>(x, ldx, w, int64_t(blockIdx.x) * kTileRows, n, k, m, out, ldo, red);
-  __threadfence();  // this block's outputs are visible before it counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  for (int r = 0; r < m; ++r) residual_norm_row<kChunks>(update, r, scratch);
-  if (threadIdx.x == 0) *done = 0;
+  update_in_last_block<kChunks>(update, m, done);
 }
 
 // Calls f(std::integral_constant<int, NT>{}) with NT the n-tiles of 8 rows that m rows need.

@@ -56,6 +56,14 @@ constexpr int rows_per_warp(int m, int bits) {
   return m == 1 && bits < 6 ? 4 : 2;
 }
 
+// Element i of product output `out`, f32 or bf16.
+__device__ __forceinline__ void store_output(void* out, int64_t i, float v, bool f32) {
+  if (f32)
+    static_cast<float*>(out)[i] = v;
+  else
+    static_cast<bf16*>(out)[i] = __float2bfloat16(v);
+}
+
 // A 32-element input chunk as floats, and their sum, always formed in this order.
 __device__ __forceinline__ float load_x_chunk(const bf16* __restrict__ x, float (&xf)[32]) {
   const uint4* xr = reinterpret_cast<const uint4*>(x);
@@ -215,11 +223,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 4 : 3)
   }
   auto store = [&](int o, int m, float v) {
     if (lane != 0 || first + o >= n) return;
-    const int64_t i = m * p.ldo[s] + first + o;
-    if (f32_out)
-      static_cast<float*>(p.out[s])[i] = v;
-    else
-      static_cast<bf16*>(p.out[s])[i] = __float2bfloat16(v);
+    store_output(p.out[s], m * p.ldo[s] + first + o, v, f32_out);
   };
 #pragma unroll
   for (int m = 0; m < M; ++m) {
@@ -485,11 +489,7 @@ __global__ void __launch_bounds__(kDotThreads, 1)
         if (first + o >= n) break;
         float v = total[o][m];
         if constexpr (GLU) v = (gelu ? gelu_tanh(v) : silu(v)) * total[o + kOut][m];
-        const int64_t i = m * p.ldo[s] + first + o;
-        if (f32_out)
-          static_cast<float*>(p.out[s])[i] = v;
-        else
-          static_cast<bf16*>(p.out[s])[i] = __float2bfloat16(v);
+        store_output(p.out[s], m * p.ldo[s] + first + o, v, f32_out);
       }
     }
   };
@@ -541,18 +541,7 @@ __global__ void __launch_bounds__(kDotThreads, 1)
     consume(b);
     if (i + 3 < items) fetch(b);
   }
-  if constexpr (RESIDUAL > 0) {
-    __shared__ float scratch[kRowWarps];
-    __shared__ bool last_block;
-    __threadfence();  // this block's outputs are visible before it counts itself done
-    __syncthreads();
-    if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
-    for (int r = 0; r < rows; ++r) residual_norm_row<RESIDUAL>(update, r, scratch);
-    if (threadIdx.x == 0) *done = 0;
-  }
+  if constexpr (RESIDUAL > 0) update_in_last_block<RESIDUAL>(update, rows, done);
 }
 
 bool aligned16(const void* p) {

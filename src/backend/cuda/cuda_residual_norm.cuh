@@ -166,6 +166,23 @@ __device__ __forceinline__ void residual_norm_row(const ResidualRows<bf16>& a, i
   }
 }
 
+// The fused form of a product and the residual update after it: every block calls this after
+// storing its outputs; the last block to finish, counted on `done`, runs the update for `rows`
+// rows (the bits of the standalone kernel) and sets the count back to zero for the next launch.
+template <int kChunks>
+__device__ __forceinline__ void update_in_last_block(const ResidualRows<bf16>& update, int rows, unsigned* done) {
+  __shared__ float scratch[kRowWarps];
+  __shared__ bool last_block;
+  __threadfence();  // this block's outputs are visible before it counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  for (int r = 0; r < rows; ++r) residual_norm_row<kChunks>(update, r, scratch);
+  if (threadIdx.x == 0) *done = 0;
+}
+
 // Whether the update's rows fit residual_norm_row: bf16, a multiple of 8 columns up to
 // kMaxRowNormCols, every row and weight 16-byte aligned.
 inline bool row_norm_vectorizable(const ResidualNormArgs& args) {

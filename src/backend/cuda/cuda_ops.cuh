@@ -65,6 +65,9 @@ void moe_route(const MoeRouteArgs& args, cudaStream_t stream);
 void moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);
 // out[t] = Σ_slot weights[t, slot] · y[t · top_k + slot], slots in order; y f32 [T · top_k, hidden]
 void combine_experts(const Tensor& y, const Tensor& weights, const Tensor& out, cudaStream_t stream);
+// The per-pair tensor-core expert kernels take every call of up to this many tokens (a
+// batch-invariant serving step's decode rows); grouped_moe_experts only larger ones.
+constexpr int64_t kMaxDecodeExpertTokens = 32;
 // More tokens than decode takes, grouped by expert (bf16 or quantized stacks, sizes multiples of
 // 64); false when the call does not fit (moe_experts and quantized_moe_experts then run per pair).
 bool grouped_moe_experts(const MoeExpertsArgs& args, const Allocate& allocate, cudaStream_t stream);

@@ -2,7 +2,6 @@
 // every op to its kernels.
 #include <cublas_v2.h>
 #include <fmt/format.h>
-#include <cstdlib>
 
 #include <algorithm>
 #include <cstring>

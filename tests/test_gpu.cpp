@@ -417,19 +417,30 @@ TEST_F(Gpu, AttentionInputs) {
     run(host);
     run(dev);
     EXPECT_LT(rel(from_gpu(dev.q), host.q), 2e-2) << c.hd;
-    for (int i = 0; i < 2; ++i) {
-      EXPECT_LT(rel(from_gpu(dev.caches[i].k), host.caches[i].k), 2e-2) << c.hd << " seq " << i;
-      EXPECT_LT(rel(from_gpu(dev.caches[i].v), host.caches[i].v), 2e-2) << c.hd << " seq " << i;
-      Tensor slots = from_gpu(dev.caches[i].slot_pos);
-      for (int64_t j = 0; j < capacity; ++j)
-        EXPECT_EQ(slots.data_as<int32_t>()[j], host.caches[i].slot_pos.data_as<int32_t>()[j]) << c.hd << " slot " << j;
+    for (int i = 0; i < 2; ++i) {  // the written slots (the others hold what the caches were made with)
+      Tensor slots = from_gpu(dev.caches[i].slot_pos), k_got = from_gpu(dev.caches[i].k),
+             v_got = from_gpu(dev.caches[i].v);
+      const int64_t row = c.hkv * c.hd;
+      int written = 0;
+      for (int64_t j = 0; j < capacity; ++j) {
+        ASSERT_EQ(slots.data_as<int32_t>()[j], host.caches[i].slot_pos.data_as<int32_t>()[j]) << c.hd << " slot " << j;
+        if (slots.data_as<int32_t>()[j] < 0) continue;
+        ++written;
+        for (auto [got, want] : {std::pair{&k_got, &host.caches[i].k}, std::pair{&v_got, &host.caches[i].v}}) {
+          Tensor g = host_tensor(DType::f32, Shape{row}), w = host_tensor(DType::f32, Shape{row});
+          std::copy_n(got->data_as<float>() + j * row, row, g.data_as<float>());
+          std::copy_n(want->data_as<float>() + j * row, row, w.data_as<float>());
+          EXPECT_LT(rel(g, w), 2e-2) << c.hd << " seq " << i << " slot " << j;
+        }
+      }
+      EXPECT_EQ(written, seqs[size_t(i)].n_rows) << c.hd;
     }
   }
 }
 
 // Chunked prefill then decode through ring caches, several sequences per call, against the CPU.
 void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int hd, int64_t window, int64_t chunk,
-                    std::mt19937& rng) {
+                    std::mt19937& rng, bool gated = false) {
   const std::vector<int64_t> lengths = {45, 19};
   const int64_t capacity = window ? window - 1 + chunk : 64;
   std::vector<KvCacheView> cpu_caches, gpu_caches;
@@ -458,6 +469,9 @@ void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int 
       rows += n;
     }
     Tensor q = rnd(Shape{rows, hq, hd}), k = rnd(Shape{rows, hkv, hd}), v = rnd(Shape{rows, hkv, hd});
+    Tensor gate_wide = rnd(Shape{rows * hq, 2 * hd});  // the gate as a strided view, as Qwen 3.5's
+    Tensor gate = gated ? gate_wide.cols_view(hd, hd) : Tensor();
+    Tensor gate_gpu = gated ? gpu.upload(gate_wide, DType::bf16).cols_view(hd, hd) : Tensor();
     Tensor pos = host_tensor(DType::i32, Shape{rows});
     for (const auto& s : seqs)
       for (int64_t i = 0; i < s.n_rows; ++i) pos.data_as<int32_t>()[s.row_begin + i] = int32_t(s.pos_begin + i);
@@ -472,7 +486,8 @@ void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int 
                                 .n_kv_heads = hkv,
                                 .head_dim = hd,
                                 .scale = 0.125f,
-                                .window = window});
+                                .window = window,
+                                .output_gate = gate});
     Tensor pos_gpu = gpu.upload(pos, DType::i32);
     Tensor got = gpu.alloc(DType::bf16, Shape{rows, hq, hd});
     gpu.kv_write(KvWriteArgs{.k = gpu.upload(k, DType::bf16),
@@ -489,11 +504,12 @@ void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int 
                                 .n_kv_heads = hkv,
                                 .head_dim = hd,
                                 .scale = 0.125f,
-                                .window = window});
+                                .window = window,
+                                .output_gate = gate_gpu});
     worst = std::max(worst, Gpu::rel(gpu.to_host(got), want));
     begin += step;
   }
-  EXPECT_LT(worst, 2e-2) << "hq " << hq << " hkv " << hkv << " hd " << hd << " window " << window;
+  EXPECT_LT(worst, 2e-2) << "hq " << hq << " hkv " << hkv << " hd " << hd << " window " << window << " gated " << gated;
 }
 
 TEST_F(Gpu, Attention) {
@@ -501,6 +517,7 @@ TEST_F(Gpu, Attention) {
     for (int64_t window : {int64_t(0), int64_t(9)}) attention_case(this, cpu, *gpu, 8, 2, hd, window, 7, rng);
   attention_case(this, cpu, *gpu, 6, 1, 128, 0, 13, rng);  // a group that does not divide the tile
   attention_case(this, cpu, *gpu, 16, 16, 64, 0, 5, rng);
+  for (int hd : {128, 256}) attention_case(this, cpu, *gpu, 8, 2, hd, 0, 7, rng, true);  // with an output gate
 }
 
 // The flash prefill kernel: head dims 128, 256 and 512, GQA groups 1, 2 and 4, causal with and

@@ -89,7 +89,7 @@ KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int
 }
 
 Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_layer, const Tensor& q, const Tensor* k,
-                        const Tensor* v, const AttentionShape& shape) {
+                        const Tensor* v, const AttentionShape& shape, const Tensor& output_gate) {
   std::vector<KvCacheView> caches;
   for (SequenceState* s : batch.states) caches.push_back(s->layers()[size_t(cache_layer)].kv);
   if (k && v)
@@ -104,7 +104,8 @@ Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_la
                                   .n_kv_heads = shape.n_kv_heads,
                                   .head_dim = shape.head_dim,
                                   .scale = shape.scale,
-                                  .window = shape.window});
+                                  .window = shape.window,
+                                  .output_gate = output_gate});
   return out.reshape(Shape{batch.n_tokens, int64_t(shape.n_heads) * shape.head_dim});
 }
 

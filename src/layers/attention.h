@@ -59,9 +59,10 @@ struct AttentionShape {
 };
 
 // Writes k and v (when given) into layer `cache_layer`'s cache of every sequence, then attends q
-// over that cache. q [T, n_heads, head_dim]; returns [T, n_heads · head_dim].
+// over that cache. q [T, n_heads, head_dim]; returns [T, n_heads · head_dim], multiplied by
+// sigmoid(output_gate) when that is given ([T · n_heads, head_dim], row-strided allowed).
 Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_layer, const Tensor& q, const Tensor* k,
-                        const Tensor* v, const AttentionShape& shape);
+                        const Tensor* v, const AttentionShape& shape, const Tensor& output_gate = Tensor());
 
 // A cache for one attention layer of one sequence.
 KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim);

@@ -386,12 +386,12 @@ void Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
                                          .q_input = q_and_gate.cols_view(0, hd)},
                          q, k, v);
 
+  // the output gate: attention ⊙ sigmoid(gate)
   Tensor attn = cached_attention(
       backend_, batch, int(l), q, nullptr, nullptr,
       AttentionShape{
-          .n_heads = int(Hq), .n_kv_heads = int(kv), .head_dim = int(hd), .scale = float(1.0 / std::sqrt(double(hd)))});
-  Tensor attn_heads = attn.reshape(Shape{T * Hq, hd});
-  backend_.sigmoid_mul(attn_heads, gate, attn_heads);
+          .n_heads = int(Hq), .n_kv_heads = int(kv), .head_dim = int(hd), .scale = float(1.0 / std::sqrt(double(hd)))},
+      gate);
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
   output_projection(backend_, attn, w.o_proj, out, &then);
 }

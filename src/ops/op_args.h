@@ -51,6 +51,9 @@ struct AttentionArgs {
   int head_dim = 0;
   float scale = 1.0f;
   int64_t window = 0;
+  // [T · n_heads, head_dim] (row-strided allowed) or undefined: then out = attention ⊙
+  // sigmoid(output_gate), the output rounded to its type before the gate as sigmoid_mul would.
+  Tensor output_gate;
 };
 
 // Rotary embedding, rotate-half convention: element i (< n_pairs) of each head pairs with element

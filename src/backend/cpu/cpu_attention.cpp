@@ -118,6 +118,7 @@ void CpuBackend::attention(const AttentionArgs& args) {
     }
   });
   finish(args.out);
+  if (args.output_gate.defined()) sigmoid_mul(out, args.output_gate, out);
 }
 
 }  // namespace kiln

@@ -376,6 +376,8 @@ struct DecodeParams {
   int splits;
   float scale;
   int64_t window;
+  const bf16* gate;  // row (row · n_heads + head) of the output gate, or null
+  int64_t gate_stride;
   SeqTable seqs;
 };
 
@@ -549,10 +551,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Deco
   }
   __syncthreads();
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const bf16* gate = p.gate ? p.gate + (row * p.n_heads + head) * p.gate_stride : nullptr;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float total = 0.0f;
     for (int w = 0; w < kCombineWarps; ++w) total += reinterpret_cast<const float*>(sums[w])[d];
-    p.out[(row * p.n_heads + head) * hd + d] = __float2bfloat16(total * inv);
+    bf16 o = __float2bfloat16(total * inv);
+    if (gate) o = __float2bfloat16(__bfloat162float(o) * sigmoid(__bfloat162float(gate[d])));  // as sigmoid_mul
+    p.out[(row * p.n_heads + head) * hd + d] = o;
   }
 }
 
@@ -685,6 +690,8 @@ void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaS
   p.head_dim = args.head_dim;
   p.scale = args.scale;
   p.window = args.window;
+  p.gate = args.output_gate.defined() ? args.output_gate.data_as<bf16>() : nullptr;
+  p.gate_stride = args.output_gate.defined() ? args.output_gate.row_stride() : 0;
   int64_t capacity = 1, rows = 0, most_rows = 1;
   for (size_t i = 0; i < args.seqs.size(); ++i) {
     capacity = std::max(capacity, args.caches[i].capacity);
@@ -718,8 +725,8 @@ void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t
   assert(args.q.dtype() == DType::bf16 && args.q.contiguous());
   bool decode = args.head_dim % 8 == 0 && args.head_dim <= kMaxDecodeDim;
   for (const SeqRows& s : args.seqs) decode = decode && s.n_rows <= kDecodeMaxRows;
-  if (decode) {
-    decode_attention(args, allocate, stream);
+  if (decode && (!args.output_gate.defined() || args.output_gate.dtype() == DType::bf16)) {
+    decode_attention(args, allocate, stream);  // the gate applied by the merge
     return;
   }
   const int group = args.n_heads / args.n_kv_heads;
@@ -770,6 +777,10 @@ void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t
         dispatch_tile<512>(params, stream);
         break;
     }
+  }
+  if (args.output_gate.defined()) {
+    Tensor heads = args.out.reshape(Shape{args.out.numel() / args.head_dim, args.head_dim});
+    sigmoid_mul(heads, args.output_gate, heads, stream);
   }
 }
 

@@ -71,12 +71,11 @@ Tensor gated_delta_net(Backend& backend, const BatchLayout& batch, int layer, co
       .k_dim = s.k_dim,
       .v_dim = s.v_dim,
       .algorithm = all_single ? DeltaRuleAlgorithm::recurrent : DeltaRuleAlgorithm::chunked,
+      // then per value head: rms_norm(core) · norm.weight · silu(z)
+      .norm_z = z,
+      .norm_weight = w.norm,
+      .norm_eps = s.eps,
   });
-
-  // per value head: rms_norm(core) · norm.weight · silu(z)
-  Tensor core_heads = core.reshape(Shape{t * s.n_v_heads, s.v_dim});
-  Tensor z_heads = z.reshape(Shape{t * s.n_v_heads, s.v_dim});
-  backend.rms_norm_gated(core_heads, z_heads, w.norm, s.eps, core_heads);
   Tensor out = backend.alloc(dt, Shape{t, x.cols()});
   output_projection(backend, core, w.out_proj, out, then);
   return out;

@@ -147,6 +147,11 @@ struct GatedDeltaArgs {
   int v_dim = 0;
   DeltaRuleAlgorithm algorithm = DeltaRuleAlgorithm::chunked;
   int chunk_size = 64;
+  // When norm_weight is defined, out then takes the DeltaNet's output norm per value head,
+  // out = rms_norm(out) · norm_weight · silu(norm_z) (rms_norm_gated on the stored out).
+  Tensor norm_z;       // [T, n_v_heads v_dim], contiguous
+  Tensor norm_weight;  // [v_dim] f32
+  float norm_eps = 1e-6f;
 };
 
 // Router: softmax over experts, top-k, optional renormalisation to sum 1, optional per-expert scale.

@@ -218,6 +218,11 @@ void CpuBackend::gated_delta(const GatedDeltaArgs& args) {
     }
   });
   finish(args.out);
+  if (args.norm_weight.defined()) {
+    const int64_t rows = args.out.rows() * hv;
+    Tensor heads = args.out.reshape(Shape{rows, dv}), z = args.norm_z.reshape(Shape{rows, dv});
+    rms_norm_gated(heads, z, args.norm_weight, args.norm_eps, heads);
+  }
 }
 
 }  // namespace kiln

@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (residual_done_) cudaFree(residual_done_);
+    if (delta_done_) cudaFree(delta_done_);
     if (stream_) {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
@@ -105,9 +106,12 @@ class CudaBackend final : public Backend {
     if (cudaMalloc(&cublas_workspace_, kCublasWorkspace) != cudaSuccess)
       return make_error("cannot allocate cuBLAS workspace");
     cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace);
+    const size_t delta_counters = sizeof(unsigned) * cuda::kMaxDeltaSeqs * cuda::kMaxDeltaNormHeads;
     if (cudaMalloc(&residual_done_, sizeof(unsigned)) != cudaSuccess ||
-        cudaMemset(residual_done_, 0, sizeof(unsigned)) != cudaSuccess)
-      return make_error("cannot allocate a CUDA counter");
+        cudaMemset(residual_done_, 0, sizeof(unsigned)) != cudaSuccess ||
+        cudaMalloc(&delta_done_, delta_counters) != cudaSuccess ||
+        cudaMemset(delta_done_, 0, delta_counters) != cudaSuccess)
+      return make_error("cannot allocate CUDA counters");
     cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     cudaDeviceGetDefaultMemPool(&pool_, device_);
     uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next forward
@@ -522,7 +526,7 @@ class CudaBackend final : public Backend {
   }
   void gated_delta(const GatedDeltaArgs& args) override {
     OpTimer timed(this, "gated_delta");
-    cuda::gated_delta(args, stream_);
+    cuda::gated_delta(args, delta_done_, stream_);
     after_launch("gated_delta");
   }
   void moe_route(const MoeRouteArgs& args) override {
@@ -615,6 +619,7 @@ class CudaBackend final : public Backend {
   void* cublas_workspace_ = nullptr;
   // the count of finished blocks of a product fused with the residual update (zero between launches)
   unsigned* residual_done_ = nullptr;
+  unsigned* delta_done_ = nullptr;  // the delta rule's per-(sequence, head) counters
   size_t arena_bytes_ = 0;
 
  public:

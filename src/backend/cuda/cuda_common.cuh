@@ -156,6 +156,32 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
+// A row of up to 32 · kNormRegisterCols columns normalised by one warp, held in registers (lane l
+// has columns l + 32 i): out = x · rsqrt(Σx² / cols + eps) · w (· silu(z) when gated), w the weight
+// plus offset (1 where there is none). Every warp-per-row norm goes through here, so all give a row
+// the same bits.
+constexpr int kNormRegisterCols = 8;
+template <typename T, bool kGated>
+__device__ __forceinline__ void norm_row_registers(const float (&xv)[kNormRegisterCols],
+                                                   const float (&wv)[kNormRegisterCols],
+                                                   const float (&zv)[kNormRegisterCols], bool weighted, T* out,
+                                                   int64_t cols, float eps, int lane) {
+  float sum = 0;
+#pragma unroll
+  for (int i = 0; i < kNormRegisterCols; ++i) sum += xv[i] * xv[i];
+  sum = warp_sum(sum);
+  const float inv = rsqrtf(sum / float(cols) + eps);
+#pragma unroll
+  for (int i = 0; i < kNormRegisterCols; ++i) {
+    const int64_t c = lane + 32 * i;
+    if (c >= cols) continue;
+    float v = xv[i] * inv;
+    if (weighted) v *= wv[i];
+    if constexpr (kGated) v *= silu(zv[i]);
+    out[c] = from_float<T>(v);
+  }
+}
+
 // Programmatic dependent launch. At batch 1 a decode step is about a thousand short kernels, and
 // each launch used to start only after the previous kernel had drained. Kernels launched with
 // launch() may be scheduled while the kernel before them finishes; every kernel therefore calls

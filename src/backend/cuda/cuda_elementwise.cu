@@ -52,7 +52,7 @@ __global__ void embed_kernel(const int32_t* ids, Rows<const W> table, int64_t vo
 }
 
 // out = x / rms(x) · (w + offset)  [· silu(z) when gated]
-constexpr int kRegisterCols = 8;  // per lane: rows of up to 256 (head dims) held in registers
+constexpr int kRegisterCols = kNormRegisterCols;  // per lane: rows of up to 256 (head dims) held in registers
 template <typename T, bool kGated>
 __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* weight, Rows<T> out, int64_t rows,
                                 int64_t cols, float eps, float offset) {
@@ -75,21 +75,7 @@ __global__ void rms_norm_kernel(Rows<const T> x, Rows<const T> z, const float* w
       xv[i] = c < cols ? to_float(x.row(r)[c]) : 0.0f;
       zv[i] = kGated && c < cols ? to_float(z.row(r)[c]) : 0.0f;
     }
-    float sum = 0;
-#pragma unroll
-    for (int i = 0; i < kRegisterCols; ++i) sum += xv[i] * xv[i];
-    sum = warp_sum(sum);
-    const float inv = rsqrtf(sum / float(cols) + eps);
-    T* o = out.row(r);
-#pragma unroll
-    for (int i = 0; i < kRegisterCols; ++i) {
-      const int64_t c = lane + 32 * i;
-      if (c >= cols) continue;
-      float v = xv[i] * inv;
-      if (weight) v *= wv[i];
-      if constexpr (kGated) v *= silu(zv[i]);
-      o[c] = from_float<T>(v);
-    }
+    norm_row_registers<T, kGated>(xv, wv, zv, weight != nullptr, out.row(r), cols, eps, lane);
     return;
   }
   wait_for_inputs();

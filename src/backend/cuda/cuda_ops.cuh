@@ -56,7 +56,11 @@ bool attention_supported(int head_dim, int group);
 // cuda_recurrent.cu
 constexpr int kMaxConvKernel = 8;  // taps of the causal conv's window
 void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream);
-void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream);
+// With args.norm_weight, the decode kernel takes the output norm, counting each (sequence, head) on
+// done[sequence · n_v_heads + head] (kMaxDeltaSeqs · kMaxDeltaNormHeads zeroed counters, left zeroed).
+constexpr int kMaxDeltaSeqs = 64;
+constexpr int kMaxDeltaNormHeads = 256;
+void gated_delta(const GatedDeltaArgs& args, unsigned* done, cudaStream_t stream);
 
 // cuda_moe.cu: routing over at most kMaxRoutedExperts experts, top-k at most kMaxRoutedTopK
 constexpr int kMaxRoutedExperts = 512;

@@ -20,7 +20,7 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kMaxSeqs = 64;
+constexpr int kMaxSeqs = kMaxDeltaSeqs;
 
 struct StateSeq {
   int64_t row_begin;
@@ -136,6 +136,13 @@ struct DeltaParams {
   bf16* out;
   int64_t out_stride;
   int hk, hv, dk, dv;
+  // the output norm in the decode kernel (norm_weight null: none there): the last slice of a
+  // (sequence, head) to finish, counted on done[sequence · hv + head], normalises the head's row
+  const bf16* norm_z;
+  int64_t norm_z_stride;
+  const float* norm_weight;
+  float norm_eps;
+  unsigned* done;
   StateTable seqs;
 };
 
@@ -315,6 +322,29 @@ __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
     const int r = rg + kRowGroups * i;
     if (has_cols && r < dk) *reinterpret_cast<float4*>(state + int64_t(r) * dv) = s[i];
   }
+  if (!p.norm_weight) return;
+  // The head's output norm, by the last of its slices: by then every slice has stored its columns.
+  __threadfence();
+  unsigned* count = p.done + int64_t(blockIdx.x) * p.hv + h;
+  const bool last = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? atomicAdd(count, 1u) == gridDim.z - 1 : false, 0);
+  if (!last) return;
+  __threadfence();
+  const int lane = threadIdx.x;
+  for (int64_t t = 0; t < seq.n_rows; ++t) {
+    const int64_t row = seq.row_begin + t;
+    bf16* o = p.out + row * p.out_stride + int64_t(h) * dv;
+    const bf16* z = p.norm_z + row * p.norm_z_stride + int64_t(h) * dv;
+    float xv[kNormRegisterCols], wv[kNormRegisterCols], zv[kNormRegisterCols];
+#pragma unroll
+    for (int i = 0; i < kNormRegisterCols; ++i) {
+      const int c = lane + 32 * i;
+      xv[i] = c < dv ? __bfloat162float(__ldcg(o + c)) : 0.0f;  // from L2: other SMs stored them
+      wv[i] = c < dv ? p.norm_weight[c] : 1.0f;
+      zv[i] = c < dv ? __bfloat162float(z[c]) : 0.0f;
+    }
+    norm_row_registers<bf16, true>(xv, wv, zv, true, o, dv, p.norm_eps, lane);
+  }
+  if (lane == 0) *count = 0;
 }
 
 constexpr int kChunk = 64;
@@ -609,7 +639,7 @@ void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream) {
   }
 }
 
-void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream) {
+void gated_delta(const GatedDeltaArgs& args, unsigned* done, cudaStream_t stream) {
   assert(args.qkv.dtype() == DType::bf16 && args.out.dtype() == DType::bf16);
   DeltaParams p{};
   p.qkv = args.qkv.data_as<bf16>();
@@ -665,6 +695,11 @@ void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream) {
   int splits = 1;
   while ((p.dk / splits > kMaxRowsPerThread || p.dk % splits) && splits < p.dk) ++splits;
   while (p.dv * splits * 2 <= 512 && p.dk % (splits * 2) == 0) splits *= 2;
+  // the output norm: in the sliced decode kernel where it fits (heads of up to 256 values, bf16 gates,
+  // the counters), otherwise its own launch after the rule
+  const bool norm = args.norm_weight.defined();
+  const bool fuse_norm = norm && !chunked && sliced && done && p.hv <= kMaxDeltaNormHeads &&
+                         p.dv <= 32 * kNormRegisterCols && args.norm_z.dtype() == DType::bf16;
   for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
     p.seqs = StateTable{};
     p.seqs.n = int(std::min<size_t>(kMaxSeqs, args.seqs.size() - begin));
@@ -687,11 +722,24 @@ void gated_delta(const GatedDeltaArgs& args, cudaStream_t stream) {
       launch(pick->kernel, slices, kChunkThreads, pick->bytes, stream, p);
     } else if (sliced) {
       const dim3 slices(unsigned(p.seqs.n), unsigned(p.hv), unsigned(ceil_div(p.dv, kSliceCols)));
-      launch(decode_kernel, slices, 32, 0, stream, p);
+      DeltaParams fused = p;
+      if (fuse_norm) {
+        fused.norm_z = args.norm_z.data_as<bf16>();
+        fused.norm_z_stride = args.norm_z.row_stride();
+        fused.norm_weight = args.norm_weight.data_as<float>();
+        fused.norm_eps = args.norm_eps;
+        fused.done = done;
+      }
+      launch(decode_kernel, slices, 32, 0, stream, fused);
     } else {
       const size_t bytes = (2 * size_t(p.dk) + 2 + size_t(splits) * p.dv) * sizeof(float);
       launch(delta_recurrent_kernel, grid, p.dv * splits, bytes, stream, p, splits);
     }
+  }
+  if (norm && !fuse_norm) {
+    const int64_t rows = args.out.rows() * p.hv;
+    Tensor heads = args.out.reshape(Shape{rows, p.dv});
+    rms_norm_gated(heads, args.norm_z.reshape(Shape{rows, p.dv}), args.norm_weight, args.norm_eps, heads, stream);
   }
 }
 

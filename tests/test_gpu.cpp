@@ -373,24 +373,20 @@ TEST_F(Gpu, AttentionInputs) {
       std::vector<KvCacheView> caches;
     };
     auto run = [&](Side& s) {
+      auto rope = [&](const Tensor& x, const Tensor& input, const Tensor& norm) {
+        return RopeArgs{.x = x,
+                        .positions = s.pos,
+                        .inv_freq = s.freqs,
+                        .pair_offset = c.pair_offset,
+                        .normalize = true,
+                        .input = input,
+                        .norm_weight = norm,
+                        .norm_eps = 1e-6f,
+                        .norm_offset = c.norm_offset};
+      };
       AttentionInputsArgs args{
-          .q = RopeArgs{.x = s.q,
-                        .positions = s.pos,
-                        .inv_freq = s.freqs,
-                        .pair_offset = c.pair_offset,
-                        .normalize = true,
-                        .input = s.q_in,
-                        .norm_weight = s.q_norm,
-                        .norm_eps = 1e-6f,
-                        .norm_offset = c.norm_offset},
-          .k = RopeArgs{.x = s.k,
-                        .positions = s.pos,
-                        .inv_freq = s.freqs,
-                        .pair_offset = c.pair_offset,
-                        .normalize = true,
-                        .norm_weight = s.k_norm,
-                        .norm_eps = 1e-6f,
-                        .norm_offset = c.norm_offset},
+          .q = rope(s.q, s.q_in, s.q_norm),
+          .k = rope(s.k, Tensor(), s.k_norm),
           .v = s.v,
           .v_input = c.v_norm ? (c.k_as_v ? s.k : s.v).reshape(Shape{tokens * c.hkv, c.hd}) : Tensor(),
           .v_norm_eps = 1e-6f,

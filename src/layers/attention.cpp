@@ -41,37 +41,35 @@ void apply_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rop
       RopeArgs{.x = x, .positions = batch.positions, .inv_freq = rope.inv_freq, .pair_offset = rope.pair_offset});
 }
 
+namespace {
+
+RopeArgs norm_rope_args(const BatchLayout& batch, const RopeTable& rope, const HeadNorm& norm, const Tensor& x,
+                        const Tensor& input) {
+  return RopeArgs{.x = x,
+                  .positions = batch.positions,
+                  .inv_freq = rope.inv_freq,
+                  .pair_offset = rope.pair_offset,
+                  .normalize = true,
+                  .input = input,
+                  .norm_weight = norm.weight,
+                  .norm_eps = norm.eps,
+                  .norm_offset = norm.offset};
+}
+
+}  // namespace
+
 void norm_and_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, const HeadNorm& norm, Tensor& x,
                    const Tensor& input) {
-  backend.rope(RopeArgs{.x = x,
-                        .positions = batch.positions,
-                        .inv_freq = rope.inv_freq,
-                        .pair_offset = rope.pair_offset,
-                        .normalize = true,
-                        .input = input,
-                        .norm_weight = norm.weight,
-                        .norm_eps = norm.eps,
-                        .norm_offset = norm.offset});
+  backend.rope(norm_rope_args(batch, rope, norm, x, input));
 }
 
 void write_attention_inputs(Backend& backend, const BatchLayout& batch, int cache_layer, const RopeTable& rope,
                             const AttentionInputs& in, Tensor& q, Tensor& k, Tensor& v) {
-  auto rope_args = [&](Tensor& x, const Tensor& input, const HeadNorm& norm) {
-    return RopeArgs{.x = x,
-                    .positions = batch.positions,
-                    .inv_freq = rope.inv_freq,
-                    .pair_offset = rope.pair_offset,
-                    .normalize = true,
-                    .input = input,
-                    .norm_weight = norm.weight,
-                    .norm_eps = norm.eps,
-                    .norm_offset = norm.offset};
-  };
   std::vector<KvCacheView> caches;
   for (SequenceState* s : batch.states) caches.push_back(s->layers()[size_t(cache_layer)].kv);
   backend.attention_inputs(AttentionInputsArgs{
-      .q = rope_args(q, in.q_input, in.q_norm),
-      .k = rope_args(k, Tensor(), in.k_norm),
+      .q = norm_rope_args(batch, rope, in.q_norm, q, in.q_input),
+      .k = norm_rope_args(batch, rope, in.k_norm, k, Tensor()),
       .v = v,
       .v_input = in.v_input,
       .v_norm_eps = in.v_norm_eps,

@@ -1,5 +1,5 @@
 // The set-up the GPU test suites share: a CUDA backend per test (skipped, visibly, without a GPU),
-// a CPU reference backend, bf16-exact random inputs and a relative difference.
+// a CPU reference backend, bf16-exact random inputs and the measures of a difference.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -27,6 +27,19 @@ class GpuTest : public testing::Test {
       scale = std::max(scale, std::fabs(y));
     }
     return diff / scale;
+  }
+
+  // The worst of |got - want| beyond half a bf16 ulp of want (2^-8 |want|: the rounding of a bf16
+  // output), over max |want|; what remains is the difference of the f32 arithmetic. Infinite on NaN.
+  static double bf16_excess(const Tensor& got, const Tensor& want) {
+    double scale = 1e-30, excess = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, double(std::fabs(want.data_as<float>()[i])));
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double g = got.data_as<float>()[i], w = want.data_as<float>()[i];
+      if (std::isnan(g)) return INFINITY;
+      excess = std::max(excess, std::fabs(g - w) - std::ldexp(std::fabs(w), -8));
+    }
+    return excess / scale;
   }
 
  protected:

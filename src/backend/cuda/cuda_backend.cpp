@@ -8,10 +8,12 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_timeline.h"
 #include "quant/affine.h"
 
 namespace kiln {
@@ -48,8 +50,9 @@ class CudaBackend;
 
 class CudaGraph final : public Backend::Graph {
  public:
-  CudaGraph(CudaBackend* backend, cudaGraphExec_t exec, std::shared_ptr<Arena> workspace)
-      : backend_(backend), exec_(exec), workspace_(std::move(workspace)) {}
+  CudaGraph(CudaBackend* backend, cudaGraphExec_t exec, std::shared_ptr<Arena> workspace,
+            std::vector<std::string> kernels)
+      : backend_(backend), exec_(exec), workspace_(std::move(workspace)), kernels_(std::move(kernels)) {}
   ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
   Status replay() override;
 
@@ -57,6 +60,8 @@ class CudaGraph final : public Backend::Graph {
   CudaBackend* backend_;
   cudaGraphExec_t exec_;
   std::shared_ptr<Arena> workspace_;
+  std::vector<std::string> kernels_;  // in launch order, in timeline builds
+  int replays_ = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -113,6 +118,7 @@ class CudaBackend final : public Backend {
         cudaMemset(delta_done_, 0, delta_counters) != cudaSuccess)
       return make_error("cannot allocate CUDA counters");
     cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
+    KILN_TRY(timeline_.open());
     cudaDeviceGetDefaultMemPool(&pool_, device_);
     uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next forward
     cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
@@ -302,6 +308,7 @@ class CudaBackend final : public Backend {
       workspace->base = std::shared_ptr<void>(base, [](void* p) { cudaFree(p); });
       arena_ = workspace;
       cudaGraph_t graph = nullptr;
+      timeline_.begin_recording();
       if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
         arena_.reset();
         return make_error("cannot start recording a CUDA graph");
@@ -315,6 +322,7 @@ class CudaBackend final : public Backend {
       }
       cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
       arena_.reset();
+      std::vector<std::string> kernels = timeline_.end_recording();
       if (full) {
         if (graph) cudaGraphDestroy(graph);
         cudaGetLastError();
@@ -330,7 +338,7 @@ class CudaBackend final : public Backend {
       cudaGraphDestroy(graph);
       if (made != cudaSuccess) return make_error("instantiating a CUDA graph failed: {}", cudaGetErrorString(made));
       arena_bytes_ += size;
-      return std::unique_ptr<Graph>(std::make_unique<CudaGraph>(this, exec, workspace));
+      return std::unique_ptr<Graph>(std::make_unique<CudaGraph>(this, exec, workspace, std::move(kernels)));
     }
     return make_error("a CUDA graph needs more than 16 GiB of workspace");
   }
@@ -621,14 +629,18 @@ class CudaBackend final : public Backend {
   unsigned* residual_done_ = nullptr;
   unsigned* delta_done_ = nullptr;  // the delta rule's per-(sequence, head) counters
   size_t arena_bytes_ = 0;
+  cuda::DecodeTimeline timeline_;
 
  public:
   cudaStream_t stream() const { return stream_; }
+  cuda::DecodeTimeline& timeline() { return timeline_; }
   void note(cudaError_t err, const char* what) { check(err, what); }
 };
 
 Status CudaGraph::replay() {
+  const bool marked = backend_->timeline().before_replay(replays_, backend_->stream());
   cudaError_t err = cudaGraphLaunch(exec_, backend_->stream());
+  if (marked && err == cudaSuccess) backend_->timeline().after_replay(replays_++, kernels_, backend_->stream());
   if (err != cudaSuccess) return make_error("replaying a CUDA graph failed: {}", cudaGetErrorString(err));
   return backend_->status();
 }

@@ -10,6 +10,10 @@
 
 #include "core/tensor.h"
 
+#if KILN_CUDA_TIMELINE
+#include "backend/cuda/cuda_timeline_marks.h"
+#endif
+
 namespace kiln::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -182,15 +186,51 @@ __device__ __forceinline__ void norm_row_registers(const float (&xv)[kNormRegist
   }
 }
 
-// Programmatic dependent launch. At batch 1 a decode step is about a thousand short kernels, and
-// each launch used to start only after the previous kernel had drained. Kernels launched with
-// launch() may be scheduled while the kernel before them finishes; every kernel therefore calls
-// wait_for_inputs() before it touches memory, which returns once the previous kernel has completed
-// and its writes are visible, and then lets the next kernel start its own launch.
+#if KILN_CUDA_TIMELINE
+namespace {
+__device__ TimelineControl timeline_control;  // this translation unit's copy
+void set_timeline_control(const TimelineControl& control) {
+  cudaMemcpyToSymbol(timeline_control, &control, sizeof control);
+}
+[[maybe_unused]] const bool timeline_registered = (register_timeline_unit(set_timeline_control), true);
+}  // namespace
+
+__device__ __forceinline__ unsigned long long global_nanoseconds() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
+// Programmatic dependent launch. At batch 1 a decode step is a few hundred short kernels, and each
+// launch used to start only after the previous kernel had drained. Kernels launched with launch()
+// may be scheduled while the kernel before them finishes; every kernel therefore calls
+// wait_for_inputs() before it touches memory that others write (before it, a kernel may only read
+// constants such as weights), which returns once the previous kernel has completed and its writes
+// are visible, and then lets the next kernel start its own launch. (Letting the next one launch
+// before waiting measured slower on an H200: its blocks then take room the running kernel's
+// successors need; see docs/performance.md.)
 __device__ __forceinline__ void wait_for_inputs() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if KILN_CUDA_TIMELINE
+  const TimelineControl control = timeline_control;
+  const bool first = threadIdx.x + threadIdx.y + threadIdx.z + blockIdx.x + blockIdx.y + blockIdx.z == 0;
+  const bool mark = control.marks && first;
+  unsigned long long slot = 0, started = 0;
+  if (mark) slot = atomicAdd(control.marks, 1ull), started = global_nanoseconds();
+  if (control.early_trigger) asm volatile("griddepcontrol.launch_dependents;" :::);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (!control.early_trigger) asm volatile("griddepcontrol.launch_dependents;" :::);
+  if (mark && slot < control.capacity) {
+    unsigned long long* m = control.marks + 1 + 3 * slot;
+    m[0] = started;
+    m[1] = global_nanoseconds();
+    m[2] = (unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 32 | blockDim.x * blockDim.y * blockDim.z;
+  }
+#else
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
 #endif
 }
 
@@ -207,6 +247,9 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
+#if KILN_CUDA_TIMELINE
+  timeline_note_launch(reinterpret_cast<const void*>(kernel), grid.x * grid.y * grid.z, block.x * block.y * block.z);
+#endif
   cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

@@ -7,6 +7,7 @@
 // an input (q/k/v; gate/up with the GLU applied) run in one launch.
 #include <algorithm>
 #include <cassert>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -637,7 +638,17 @@ void run_dot(QProducts p, int products, bool glu, bool gelu, const Tensor& x, DT
   const int out_at_one_row = glu ? rows_per_warp(1, BITS) / 2 : rows_per_warp(1, BITS);
   int64_t tiles_at_one_row = 0;
   for (int i = 0; i < products; ++i) tiles_at_one_row += ceil_div(p.n[i], out_at_one_row);
-  const int parts = dot_parts(tiles_at_one_row, chunks, sms), groups = kDotWarps / parts;
+  int parts = dot_parts(tiles_at_one_row, chunks, sms);
+#if KILN_CUDA_TIMELINE
+  // developer builds: the parts of a kind of product forced from the environment, for measuring
+  if (const char* forced = std::getenv(glu        ? "KILN_DOT_PARTS_GLU"
+                                       : residual ? "KILN_DOT_PARTS_RES"
+                                                  : "KILN_DOT_PARTS_PLAIN")) {
+    const int f = std::atoi(forced);
+    if (f >= 1 && f <= kDotWarps && (f & (f - 1)) == 0 && (f == 1 || chunks >= 32 * f)) parts = f;
+  }
+#endif
+  const int groups = kDotWarps / parts;
   const bool f32 = out_dtype == DType::f32;
   const void* out0[kMaxProducts];
   for (int i = 0; i < products; ++i) out0[i] = p.out[i];

@@ -491,6 +491,10 @@ TEST_F(Gpu, Attention) {
     for (int64_t window : {int64_t(0), int64_t(9)}) attention_case(this, cpu, *gpu, 8, 2, hd, window, 7, rng);
   attention_case(this, cpu, *gpu, 6, 1, 128, 0, 13, rng);  // a group that does not divide the tile
   attention_case(this, cpu, *gpu, 16, 16, 64, 0, 5, rng);
+  // Gemma 4's global layers: 16 query heads on one KV head, spread over blocks; decode of 3 rows
+  // a sequence throughout (2 heads a block), and of 1 row after prefill with a window
+  attention_case(this, cpu, *gpu, 16, 1, 512, 0, 3, rng);
+  attention_case(this, cpu, *gpu, 16, 1, 512, 9, 5, rng);
   for (int hd : {128, 256}) attention_case(this, cpu, *gpu, 8, 2, hd, 0, 7, rng, true);  // with an output gate
 }
 

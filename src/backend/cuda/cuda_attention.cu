@@ -12,6 +12,7 @@
 
 #include <cassert>
 #include <climits>
+#include <cstdlib>
 #include <mutex>
 
 #include "backend/cuda/cuda_attention.cuh"
@@ -355,6 +356,8 @@ __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
 // Decode (a few rows per sequence): flash-decoding. Blocks split each sequence's slots into
 // spans, a warp per (row, query head) runs an online softmax over its span, and a second kernel
 // merges the spans. Parallel over slots, so one KV head and a long context still fill the GPU.
+// A KV head with a large group of query heads (Gemma 4's global layers: 16 on one) spreads its
+// heads over several blocks of a span, so that a warp has one (row, head) pair, not several in turn.
 //
 // The grid is sized by the caches' capacities, so that a recorded step stays valid as the context
 // grows; the span is sized on the device from the filled slots, so that a short context in a large
@@ -374,6 +377,7 @@ struct DecodeParams {
   float* partial_ml;  // [rows, n_heads, splits, 2]: running max, sum of exponentials
   int n_heads, n_kv_heads, group, head_dim;
   int splits;
+  int heads_per_block;  // of a KV head's group; blockIdx.y = kv_head · ceil(group / heads_per_block) + part
   float scale;
   int64_t window;
   const bf16* gate;  // row (row · n_heads + head) of the output gate, or null
@@ -401,7 +405,10 @@ template <int kChunksPerLane>  // head_dim / 256, rounded up: 16-byte chunks of 
 __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
   wait_for_inputs();
   const SeqDesc& seq = p.seqs.seq[blockIdx.z];
-  const int kvh = blockIdx.y, split = blockIdx.x;
+  const int head_blocks = (p.group + p.heads_per_block - 1) / p.heads_per_block;
+  const int kvh = int(blockIdx.y) / head_blocks, split = blockIdx.x;
+  const int first_head = int(blockIdx.y) % head_blocks * p.heads_per_block;
+  const int heads = min(p.heads_per_block, p.group - first_head);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int hd = p.head_dim, chunks = hd / 8;
   const int64_t n_slots = filled_slots(p, seq);
@@ -410,9 +417,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
   if (j0 >= n_slots) return;
   const int64_t j1 = min(n_slots, j0 + span);
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  const int pairs = int(seq.n_rows) * p.group;
+  const int pairs = int(seq.n_rows) * heads;
   for (int pair = warp; pair < pairs; pair += warps) {
-    const int r = pair / p.group, head = kvh * p.group + pair % p.group;
+    const int r = pair / heads, head = kvh * p.group + first_head + pair % heads;
     const int64_t row = seq.row_begin + r;
     const int qp = p.positions[row];
     float q[kChunksPerLane][8], o[kChunksPerLane][8];
@@ -703,11 +710,20 @@ void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaS
   Tensor partial = allocate(DType::f32, Shape{rows, args.n_heads, p.splits, args.head_dim + 2});
   p.partial_o = partial.data_as<float>();
   p.partial_ml = p.partial_o + rows * args.n_heads * p.splits * args.head_dim;
-  // a warp per (row, query head) of a KV head: no more warps than that
+  // a warp per (row, query head) of a KV head: no more warps than that, and the group's heads over
+  // as many blocks as give each warp one pair
   const int warps = int(std::min<int64_t>(4, most_rows * p.group));
+  const int head_blocks = int(std::min<int64_t>(p.group, ceil_div(most_rows * p.group, warps)));
+  p.heads_per_block = ceil_div(p.group, head_blocks);
+#if KILN_CUDA_TIMELINE
+  // developer builds: a KV head's query heads per block forced from the environment, for measuring
+  if (const char* forced = std::getenv("KILN_DECODE_HEADS_PER_BLOCK"))
+    p.heads_per_block = std::max(1, std::min(p.group, std::atoi(forced)));
+#endif
+  const int64_t blocks_y = int64_t(p.n_kv_heads) * ceil_div(p.group, p.heads_per_block);
   for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
     p.seqs = make_table(args.seqs, args.caches, begin);
-    const dim3 grid(unsigned(p.splits), unsigned(p.n_kv_heads), unsigned(p.seqs.n));
+    const dim3 grid(unsigned(p.splits), unsigned(blocks_y), unsigned(p.seqs.n));
     if (args.head_dim <= 256)
       launch(decode_attention_kernel<1>, grid, warps * 32, 0, stream, p);
     else

@@ -1,13 +1,15 @@
 // What the attention kernels share: the table of sequences a launch covers and the parameters of
-// a prefill launch (cuda_attention.cu, cuda_flash_prefill.cu).
+// a prefill launch (cuda_attention.cu, cuda_flash_prefill.cu, cuda_decode_attention.cu).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.cuh"
 
 namespace kiln::cuda {
 
@@ -34,6 +36,9 @@ __device__ __forceinline__ int find_seq(const SeqTable& t, int64_t row) {
   return s;
 }
 
+// The table of sequences [begin, begin + kMaxSeqs) of a launch; tile_begin left 0.
+SeqTable make_table(const std::vector<SeqRows>& seqs, const std::vector<KvCacheView>& caches, size_t begin);
+
 struct AttnParams {
   const bf16* q;
   bf16* out;
@@ -55,5 +60,12 @@ constexpr int kFlashRows = 64;
 bool flash_prefill_fits(int head_dim, int group);
 // One launch of the flash prefill kernel over params.total_tiles tiles of kFlashRows rows.
 void flash_prefill(const AttnParams& params, cudaStream_t stream);
+
+// Decode (cuda_decode_attention.cu): rows of at most kDecodeMaxRows a sequence, head dims up to
+// kMaxDecodeDim in multiples of 8, any output gate in bf16.
+constexpr int kDecodeMaxRows = 4;
+constexpr int kMaxDecodeDim = 512;
+bool decode_attention_takes(const AttentionArgs& args);
+void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -92,7 +92,7 @@ Status serve(ServeOptions o) {
     spdlog::warn("stopping: finishing the requests in flight (signal again to cancel them)");
     std::thread drain([&] {
       scheduler->shutdown(true);
-      http->stop();
+      http->stop_after_streams();
       on_stop_signal(0);  // done: wake the waiter below
     });
     // a second signal, or the grace period over, cancels what still runs

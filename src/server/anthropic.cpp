@@ -208,7 +208,7 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
     double ttft = -1;
   };
   auto state = std::make_shared<StreamState>();
-  respond_events(res, [=, &service](const Send& send) {
+  respond_events(res, service, [=, &service](const Send& send) {
     if (state->done) return false;
     if (!state->started) {
       state->started = true;

@@ -22,7 +22,8 @@ using Send = std::function<bool(const std::string&)>;
 using EventSource = std::function<bool(const Send& send)>;
 
 void respond_json(httplib::Response& res, int status, const nlohmann::json& body);
-void respond_events(httplib::Response& res, EventSource source);
+// A streamed response (server-sent events), counted open on `service` until httplib releases it.
+void respond_events(httplib::Response& res, Service& service, EventSource source);
 
 // The request body as a JSON object, or an ApiError for malformed JSON or any other JSON value.
 std::variant<nlohmann::json, ApiError> parse_body(const httplib::Request& req);

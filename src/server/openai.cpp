@@ -104,7 +104,7 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
     double ttft = -1;
   };
   auto state = std::make_shared<StreamState>();
-  respond_events(res, [=, &service](const Send& send) {
+  respond_events(res, service, [=, &service](const Send& send) {
     if (state->done) return false;
     if (!state->started && ex.chat) {
       state->started = true;

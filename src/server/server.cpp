@@ -19,11 +19,11 @@ void respond_json(httplib::Response& res, int status, const json& body) {
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-void respond_events(httplib::Response& res, EventSource source) {
+void respond_events(httplib::Response& res, Service& service, EventSource source) {
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider("text/event-stream", [source = std::move(source)](size_t, httplib::DataSink& sink) {
+  auto provide = [source = std::move(source)](size_t, httplib::DataSink& sink) {
     bool broken = false;
     const Send send = [&](const std::string& data) {
       if (broken || !sink.is_writable()) return !(broken = true);
@@ -42,7 +42,11 @@ void respond_events(httplib::Response& res, EventSource source) {
     if (broken) return false;  // the client has gone: drop the connection
     if (!more) sink.done();
     return true;
-  });
+  };
+  service.stream_opened();
+  // released once written, or abandoned, with the response
+  res.set_chunked_content_provider("text/event-stream", std::move(provide),
+                                   [&service](bool) { service.stream_closed(); });
 }
 
 namespace {
@@ -236,6 +240,11 @@ Status Server::listen() {
 }
 
 void Server::stop() {
+  impl_->http.stop();
+}
+
+void Server::stop_after_streams() {
+  impl_->service.wait_for_streams();
   impl_->http.stop();
 }
 

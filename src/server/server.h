@@ -31,8 +31,12 @@ class Server {
   Result<int> bind();
   // Serves until stop(); returns when the listener has closed.
   Status listen();
-  // Stops accepting connections and ends listen() (callable from any thread).
+  // Stops accepting connections and ends listen() (callable from any thread); responses being
+  // streamed are cut off.
   void stop();
+  // The same once every streamed response has been written (after the scheduler has stopped
+  // taking requests and finished the ones in flight).
+  void stop_after_streams();
 
  private:
   struct Impl;

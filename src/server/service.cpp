@@ -46,6 +46,24 @@ Service::Service(ServedModel model) : model_(std::move(model)) {
   }
 }
 
+void Service::stream_opened() {
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  ++open_streams_;
+}
+
+void Service::stream_closed() {
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    --open_streams_;
+  }
+  streams_closed_.notify_all();
+}
+
+void Service::wait_for_streams() {
+  std::unique_lock<std::mutex> lock(streams_mutex_);
+  streams_closed_.wait(lock, [this] { return open_streams_ == 0; });
+}
+
 std::optional<ApiError> Service::check_model(const std::string& requested) const {
   if (requested.empty() || requested == model_.name) return std::nullopt;
   return ApiError{

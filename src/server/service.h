@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -79,10 +80,19 @@ class Service {
   // Checks the request's "model" field against the served model.
   std::optional<ApiError> check_model(const std::string& requested) const;
 
+  // Streamed responses still being written: stopping the HTTP server would cut them off, so a
+  // graceful stop waits for them after the scheduler has finished their generations.
+  void stream_opened();
+  void stream_closed();
+  void wait_for_streams();
+
  private:
   ServedModel model_;
   OutputFormat format_;
   Metrics metrics_;
+  std::mutex streams_mutex_;
+  std::condition_variable streams_closed_;
+  int open_streams_ = 0;
 };
 
 }  // namespace kiln::server

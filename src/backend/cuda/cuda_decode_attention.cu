@@ -176,9 +176,14 @@ __device__ __forceinline__ float block_max(float v) {
 }
 
 // out[row, head] = Σ_span e^{m_s − m} o_s / Σ_span e^{m_s − m} l_s over the spans that hold slots:
-// the spans' weights first, then each warp sums a share of the spans for every dimension.
+// warp w sums spans w, w + kCombineWarps, ... for every dimension, then the warps' sums are added in
+// order. A warp's first kCombineBatch spans are loaded before the spans' weights are formed, and
+// each later batch's loads go out together, so that the merge waits on memory about once, not once
+// a span.
+constexpr int kCombineBatch = 8;
 __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(DecodeParams p, int64_t row_begin) {
   wait_for_inputs();
+  constexpr int kQuads = kMaxDecodeDim / 128;  // float4s of a span a lane holds: d4 = lane + 32·i
   __shared__ float weight[kMaxSplits];
   __shared__ float4 sums[kCombineWarps][kMaxDecodeDim / 4];
   const int64_t row = row_begin + blockIdx.x;
@@ -188,6 +193,21 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Deco
   const int64_t n_slots = filled_slots(p, seq);
   const int spans = int((n_slots + span_for(n_slots, p.splits) - 1) / span_for(n_slots, p.splits));
   const int64_t base = (row * p.n_heads + head) * p.splits;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 held[kCombineBatch][kQuads];
+  auto load_batch = [&](int first) {  // spans warp + kCombineWarps·(first + j), j < kCombineBatch
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const int s = warp + kCombineWarps * (first + j);
+#pragma unroll
+      for (int i = 0; i < kQuads; ++i) {
+        const int d4 = lane + 32 * i;
+        held[j][i] =
+            s < spans && d4 < hd / 4 ? reinterpret_cast<const float4*>(p.partial_o + (base + s) * hd)[d4] : zero;
+      }
+    }
+  };
+  load_batch(0);
   float m = -INFINITY;
   for (int s = threadIdx.x; s < spans; s += blockDim.x) m = fmaxf(m, p.partial_ml[(base + s) * 2]);
   m = block_max(m);
@@ -199,19 +219,29 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Deco
     l += w * p.partial_ml[(base + s) * 2 + 1];
   }
   l = block_sum(l);  // its barrier also publishes weight[]
-  for (int d4 = lane; d4 < hd / 4; d4 += 32) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = warp; s < spans; s += kCombineWarps) {
+  float4 acc[kQuads];
+#pragma unroll
+  for (int i = 0; i < kQuads; ++i) acc[i] = zero;
+  for (int first = 0; warp + kCombineWarps * first < spans; first += kCombineBatch) {
+    if (first > 0) load_batch(first);
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const int s = warp + kCombineWarps * (first + j);
+      if (s >= spans) break;
       const float w = weight[s];
       if (w == 0.0f) continue;
-      const float4 v = reinterpret_cast<const float4*>(p.partial_o + (base + s) * hd)[d4];
-      acc.x = fmaf(w, v.x, acc.x);
-      acc.y = fmaf(w, v.y, acc.y);
-      acc.z = fmaf(w, v.z, acc.z);
-      acc.w = fmaf(w, v.w, acc.w);
+#pragma unroll
+      for (int i = 0; i < kQuads; ++i) {
+        acc[i].x = fmaf(w, held[j][i].x, acc[i].x);
+        acc[i].y = fmaf(w, held[j][i].y, acc[i].y);
+        acc[i].z = fmaf(w, held[j][i].z, acc[i].z);
+        acc[i].w = fmaf(w, held[j][i].w, acc[i].w);
+      }
     }
-    sums[warp][d4] = acc;
   }
+#pragma unroll
+  for (int i = 0; i < kQuads; ++i)
+    if (lane + 32 * i < hd / 4) sums[warp][lane + 32 * i] = acc[i];
   __syncthreads();
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   const bf16* gate = p.gate ? p.gate + (row * p.n_heads + head) * p.gate_stride : nullptr;

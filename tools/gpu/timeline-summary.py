@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Summarises a decode timeline (KILN_TIMELINE=FILE from a -DKILN_CUDA_TIMELINE=ON build).
 
-    tools/gpu/timeline-summary.py FILE.csv [--skip 2] [--top 25]
+    tools/gpu/timeline-summary.py FILE.csv [--skip 2] [--top 25] [--slots A:B]
 
 Per replay, a kernel's share of the step is the time from its inputs being ready to the next
 kernel's inputs being ready (the last kernel of a replay has none and is left out); "early" is how
 long its first block sat resident before its inputs were ready. Prints the step, the kernels
-grouped by name (calls a step, mean µs a call, µs a step) and the slowest positions in the step.
+grouped by name (calls a step, mean µs a call, µs a step) and the slowest positions in the step;
+with --slots A:B, also positions A to B-1 in order (a layer, say), each with its launch shape.
 """
 import argparse
 import csv
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--skip", type=int, default=2, help="first replays left out (one-time costs)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--slots", help="A:B: positions A to B-1 of the step, in order")
     a = ap.parse_args()
     # a process may record several graphs, each numbering its replays from 0: a replay is a run of
     # rows with one number
@@ -65,6 +67,8 @@ def main():
     by_name = defaultdict(list)
     by_slot = defaultdict(list)
     early = defaultdict(list)
+    early_at = defaultdict(list)  # by position
+    shape_at = {}
     steps = []
     for rows in kept:
         rows.sort(key=lambda r: int(r["slot"]))
@@ -76,6 +80,8 @@ def main():
             by_name[name].append(d)
             by_slot[(i, name)].append(d)
             early[name].append((ready[i] - int(rows[i]["started_ns"])) / 1e3)
+            early_at[i].append((ready[i] - int(rows[i]["started_ns"])) / 1e3)
+            shape_at[i] = (name, rows[i]["blocks"], rows[i]["threads"])
     n = len(kept)
     print(f"{n} replays, {len(kept[0])} kernels a step, first ready to last ready {statistics.median(steps):.1f} µs "
           f"(median); rows whose marked launch shape differs from the recorded one: {mismatched}")
@@ -87,6 +93,16 @@ def main():
     ranked = sorted(by_slot.items(), key=lambda kv: -statistics.median(kv[1]))[: a.top]
     for (i, name), ds in ranked:
         print(f"  #{i:4d} {name[:80]:80s} {statistics.median(ds):8.2f}")
+    if a.slots:
+        first, last = (int(x) for x in a.slots.split(":"))
+        print(f"\npositions {first} to {last - 1} (median µs over replays):")
+        print(f"  {'#':>5s} {'kernel':60s} {'blocks':>7s} {'threads':>7s} {'µs':>8s} {'early µs':>9s}")
+        for i in range(first, last):
+            if i not in shape_at:
+                continue
+            name, blocks, threads = shape_at[i]
+            print(f"  #{i:4d} {name[:60]:60s} {blocks:>7s} {threads:>7s} {statistics.median(by_slot[(i, name)]):8.2f} "
+                  f"{statistics.median(early_at[i]):9.2f}")
 
 
 if __name__ == "__main__":

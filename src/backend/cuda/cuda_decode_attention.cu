@@ -163,18 +163,6 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
   }
 }
 
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float total = -INFINITY;
-  for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) total = fmaxf(total, partial[w]);
-  return total;
-}
-
 // out[row, head] = Σ_span e^{m_s − m} o_s / Σ_span e^{m_s − m} l_s over the spans that hold slots:
 // warp w sums spans w, w + kCombineWarps, ... for every dimension, then the warps' sums are added in
 // order. A warp's first kCombineBatch spans are loaded before the spans' weights are formed, and

@@ -268,8 +268,9 @@ void dispatch_pass_rows(int rows, F&& f) {
 //
 // Blocks of 16 warps, one an SM, loop over tiles of R weight rows (a GLU tile: R/2 gate and R/2 up
 // rows). `parts` warps share a tile, each taking every parts-th run of 32 chunks, their sums added
-// in part order; parts is chosen from the shapes and the GPU alone, never the number of input rows,
-// so a row gets the same bits in any batch. A warp's loads run two iterations ahead, across tiles.
+// in part order (any count up to 16; the warps past the last whole group idle); parts is chosen from the shapes and the
+// GPU alone, never the number of input rows, so a row gets the same bits in any batch. A warp's loads run two
+// iterations ahead, across tiles.
 
 constexpr int kDotWarps = 16;
 constexpr int kDotThreads = kDotWarps * 32;
@@ -391,7 +392,8 @@ __global__ void __launch_bounds__(kDotThreads, 1)
   const int groups = kDotWarps / parts, group = warp / parts, part = warp % parts;
   const int step = 32 * parts, iters = (chunks + step - 1) / step;
   const int tile_stride = int(gridDim.x) * groups, first_tile = int(blockIdx.x) * groups + group;
-  const int my_tiles = first_tile < tiles ? (tiles - 1 - first_tile) / tile_stride + 1 : 0;
+  // warps past the last whole group (16 % parts of them) take no tiles
+  const int my_tiles = group < groups && first_tile < tiles ? (tiles - 1 - first_tile) / tile_stride + 1 : 0;
   const int items = my_tiles * iters;  // (tile, iteration) pairs of this warp, in order
   const int64_t row_groups = (p.k / 32) >> p.group_shift;
 
@@ -519,11 +521,12 @@ __global__ void __launch_bounds__(kDotThreads, 1)
         }
       }
     }
-    if (++consume_it == iters) {
-      finish(consume_tile);
-      consume_it = 0;
-      ++consume_tile;
-    }
+    if (++consume_it < iters) return false;
+    consume_it = 0;
+    return true;  // the tile's last iteration: finish it once the buffer is refilled
+  };
+  auto finish_if = [&](bool tile_done) {
+    if (tile_done) finish(consume_tile++);
   };
 
   // The weights are constant: the first two iterations' loads go out before waiting on the kernel
@@ -535,12 +538,16 @@ __global__ void __launch_bounds__(kDotThreads, 1)
   wait_for_inputs();
   quantize_input<BITS>(x, ldx, rows, chunks, pieces, stats);
   __syncthreads();
+  // A tile's sums are formed after the buffer just read is refilled: two iterations stay in flight
+  // while the warp reduces, waits for its parts and stores.
   for (int i = 0; i < items; i += 2) {
-    consume(a);
+    const bool done_a = consume(a);
     if (i + 2 < items) fetch(a);
+    finish_if(done_a);
     if (i + 1 >= items) break;
-    consume(b);
+    const bool done_b = consume(b);
     if (i + 3 < items) fetch(b);
+    finish_if(done_b);
   }
   if constexpr (RESIDUAL > 0) update_in_last_block<RESIDUAL>(update, rows, done);
 }
@@ -613,14 +620,17 @@ int multiprocessors() {
   return sms > 0 ? sms : 1;
 }
 
-// Warps sharing a tile of the integer products: the fewest iterations for the busiest warp, from
-// the tiles at one input row, the chunks and the GPU's size (never the row count).
+// Warps sharing a tile of the integer products, from the tiles at one input row, the chunks and the
+// GPU's size (never the row count): the busiest group's cost, in iterations, with a tile's finish
+// (its reductions and stores) counted as one more and the barrier of a shared tile as another. Any
+// count up to a block's warps and the tile's runs of 32 chunks: groups of three warps leave one of
+// 16 idle but give a 4B model's down-projection (640 tiles of 288 chunks) 3 iterations, not 5.
 int dot_parts(int64_t tiles_at_one_row, int chunks, int sms) {
   int best = 1;
   int64_t best_cost = INT64_MAX;
-  for (int parts = 1; parts <= kDotWarps && (parts == 1 || chunks >= 32 * parts); parts *= 2) {
-    const int64_t rounds = (tiles_at_one_row * parts + int64_t(sms) * kDotWarps - 1) / (int64_t(sms) * kDotWarps);
-    const int64_t cost = rounds * ceil_div(chunks, 32 * parts);
+  for (int parts = 1; parts <= kDotWarps && 32 * (parts - 1) < chunks; ++parts) {
+    const int64_t rounds = ceil_div(tiles_at_one_row, int64_t(sms) * (kDotWarps / parts));
+    const int64_t cost = rounds * (ceil_div(chunks, 32 * parts) + 1 + (parts > 1));
     if (cost < best_cost) best = parts, best_cost = cost;
   }
   return best;
@@ -645,7 +655,7 @@ void run_dot(QProducts p, int products, bool glu, bool gelu, const Tensor& x, DT
                                        : residual ? "KILN_DOT_PARTS_RES"
                                                   : "KILN_DOT_PARTS_PLAIN")) {
     const int f = std::atoi(forced);
-    if (f >= 1 && f <= kDotWarps && (f & (f - 1)) == 0 && (f == 1 || chunks >= 32 * f)) parts = f;
+    if (f >= 1 && f <= kDotWarps && 32 * (f - 1) < chunks) parts = f;
   }
 #endif
   const int groups = kDotWarps / parts;

@@ -11,6 +11,8 @@
 #   3. bf16 decode, prompt 512 / 128 generated, and prefill of 4096 tokens, per geometry;
 #   4. the same models quantized to 4-bit g64: decode and the 4096-token prefill ratio;
 #   5. serving: 32 concurrent clients against one (tools/gpu/serve-load.sh).
+# With COMPARE_KILN=PATH (another build of kiln), each 4-bit decode is also run with that build and
+# then with this one again, on the same model in the same run: an A/B of two builds.
 set -u
 bundle=$1 out=$2 scratch=$3 budget=${4:-1500} steps=${5:-suite memcheck 4b 12b 26b 27b serve}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -67,6 +69,10 @@ geometry() {
   if [ "${QUANTIZED:-1}" = 1 ] && step $((synth + 60)) "$kiln" quantize "$scratch/bf16" "$scratch/q4" --bits 4 \
     --group-size 64 > /dev/null 2>&1; then
     bench "$scratch/q4" "$name" q4-decode --prompt-len 512 --gen 128 --no-matmul-peak
+    if [ -n "${COMPARE_KILN:-}" ]; then
+      kiln=$COMPARE_KILN bench "$scratch/q4" "$name" q4-decode-compare --prompt-len 512 --gen 128 --no-matmul-peak
+      bench "$scratch/q4" "$name" q4-decode-again --prompt-len 512 --gen 128 --no-matmul-peak
+    fi
     step 60 bench "$scratch/q4" "$name" q4-prefill4096 --prompt-len 4096 --gen 8 --runs 2 --no-matmul-peak &&
       python3 -c 'import json, sys; q, b = (json.load(open(f))["prefill_ms"] for f in sys.argv[1:3]);
 print(f"{sys.argv[3]}: 4-bit / bf16 prefill of 4096 tokens = {q / b:.3f}")' \

@@ -1,0 +1,136 @@
+// What one dependent step of a decode costs on this GPU, apart from any work: a kernel boundary in
+// a CUDA graph with programmatic dependent launch (how kiln's decode graph chains its kernels),
+// against a grid-wide barrier inside one persistent kernel (what a persistent decode kernel would
+// pay instead). Each step every thread reads a value another block wrote in the step before and
+// writes its own, so each step truly depends on the one before.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/sync-cost.cu -o sync-cost
+//   ./sync-cost            (prints µs a step for a few grid shapes)
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#define CHECK(call)                                                                             \
+  do {                                                                                          \
+    const cudaError_t e = (call);                                                               \
+    if (e != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
+      return 1;                                                                                 \
+    }                                                                                           \
+  } while (0)
+
+// one step: out[i] from in[] at an index another block holds
+__device__ __forceinline__ void step_work(const float* in, float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __ldcg(in + (i + blockDim.x + 1) % n) * 0.5f + 1.0f;  // through L2: another SM wrote it
+}
+
+__global__ void step_kernel(const float* in, float* out, int n) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  step_work(in, out, n);
+  asm volatile("griddepcontrol.launch_dependents;");
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Sense by generation: a block reads the generation, arrives, and the last to arrive starts the
+// next generation; the others wait for it to change.
+__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* generation) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned g = load_acquire(generation);
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      *count = 0;
+      __threadfence();
+      atomicAdd(generation, 1u);
+    } else {
+      while (load_acquire(generation) == g) {
+      }
+    }
+  }
+  __syncthreads();
+}
+
+__global__ void persistent_kernel(float* a, float* b, int n, int steps, unsigned* count, unsigned* generation) {
+  for (int s = 0; s < steps; ++s) {
+    step_work(s % 2 ? b : a, s % 2 ? a : b, n);
+    grid_barrier(count, generation);
+  }
+}
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int kSteps = 1000;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  unsigned* sync = nullptr;
+  CHECK(cudaMalloc(&sync, 2 * sizeof(unsigned)));
+  CHECK(cudaMemset(sync, 0, 2 * sizeof(unsigned)));
+  std::printf("%-28s %10s %10s\n", "grid", "graph+PDL", "barrier");
+  for (int threads : {128, 512})
+    for (int blocks : {sms / 2, sms}) {
+      const int n = blocks * threads;
+      float *a = nullptr, *b = nullptr;
+      CHECK(cudaMalloc(&a, n * sizeof(float)));
+      CHECK(cudaMalloc(&b, n * sizeof(float)));
+      CHECK(cudaMemset(a, 0, n * sizeof(float)));
+      CHECK(cudaMemset(b, 0, n * sizeof(float)));
+
+      // kSteps dependent kernels in one graph, each launched early (programmatic serialization)
+      cudaGraph_t graph;
+      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int s = 0; s < kSteps; ++s) {
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(blocks);
+        config.blockDim = dim3(threads);
+        config.stream = stream;
+        cudaLaunchAttribute attribute{};
+        attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute.val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+        CHECK(cudaLaunchKernelEx(&config, step_kernel, static_cast<const float*>(s % 2 ? b : a), s % 2 ? a : b, n));
+      }
+      CHECK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      float graph_ms = 1e9f;
+      for (int rep = 0; rep < 5; ++rep) {
+        CHECK(cudaEventRecord(start, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(stop, stream));
+        CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        if (rep > 0 && ms < graph_ms) graph_ms = ms;  // the first replay warms up
+      }
+
+      float barrier_ms = 1e9f;
+      for (int rep = 0; rep < 5; ++rep) {
+        CHECK(cudaEventRecord(start, stream));
+        persistent_kernel<<<blocks, threads, 0, stream>>>(a, b, n, kSteps, sync, sync + 1);
+        CHECK(cudaGetLastError());
+        CHECK(cudaEventRecord(stop, stream));
+        CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        if (rep > 0 && ms < barrier_ms) barrier_ms = ms;
+      }
+      char name[64];
+      std::snprintf(name, sizeof name, "%d blocks x %d threads", blocks, threads);
+      std::printf("%-28s %8.2f us %8.2f us\n", name, 1000.0f * graph_ms / kSteps, 1000.0f * barrier_ms / kSteps);
+      CHECK(cudaGraphExecDestroy(exec));
+      CHECK(cudaGraphDestroy(graph));
+      CHECK(cudaFree(a));
+      CHECK(cudaFree(b));
+    }
+  return 0;
+}

@@ -2,7 +2,8 @@
 // a CUDA graph with programmatic dependent launch (how kiln's decode graph chains its kernels),
 // against a grid-wide barrier inside one persistent kernel (what a persistent decode kernel would
 // pay instead). Each step every thread reads a value another block wrote in the step before and
-// writes its own, so each step truly depends on the one before.
+// writes its own, so each step truly depends on the one before. A third form signals block to block:
+// each block waits only for the block whose value it reads.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/sync-cost.cu -o sync-cost
 //   ./sync-cost            (prints µs a step for a few grid shapes)
 #include <cuda_runtime.h>
@@ -55,6 +56,28 @@ __device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* generati
   __syncthreads();
 }
 
+__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// The same steps with a signal from the one block each block reads (the next one) instead of a
+// barrier over all: a block's flag holds the steps it has finished.
+__global__ void signalled_kernel(float* a, float* b, int n, int steps, unsigned* done_steps) {
+  const unsigned* neighbour = done_steps + (blockIdx.x + 1) % gridDim.x;
+  for (int s = 0; s < steps; ++s) {
+    if (threadIdx.x == 0)
+      while (load_acquire(neighbour) < unsigned(s)) {
+      }
+    __syncthreads();
+    step_work(s % 2 ? b : a, s % 2 ? a : b, n);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      store_release(done_steps + blockIdx.x, unsigned(s + 1));
+    }
+  }
+}
+
 __global__ void persistent_kernel(float* a, float* b, int n, int steps, unsigned* count, unsigned* generation) {
   for (int s = 0; s < steps; ++s) {
     step_work(s % 2 ? b : a, s % 2 ? a : b, n);
@@ -74,7 +97,9 @@ int main() {
   unsigned* sync = nullptr;
   CHECK(cudaMalloc(&sync, 2 * sizeof(unsigned)));
   CHECK(cudaMemset(sync, 0, 2 * sizeof(unsigned)));
-  std::printf("%-28s %10s %10s\n", "grid", "graph+PDL", "barrier");
+  unsigned* flags = nullptr;
+  CHECK(cudaMalloc(&flags, size_t(sms) * sizeof(unsigned)));
+  std::printf("%-28s %10s %10s %10s\n", "grid", "graph+PDL", "barrier", "signals");
   for (int threads : {128, 512})
     for (int blocks : {sms / 2, sms}) {
       const int n = blocks * threads;
@@ -124,9 +149,22 @@ int main() {
         CHECK(cudaEventElapsedTime(&ms, start, stop));
         if (rep > 0 && ms < barrier_ms) barrier_ms = ms;
       }
+      float signal_ms = 1e9f;
+      for (int rep = 0; rep < 5; ++rep) {
+        CHECK(cudaMemsetAsync(flags, 0, size_t(sms) * sizeof(unsigned), stream));
+        CHECK(cudaEventRecord(start, stream));
+        signalled_kernel<<<blocks, threads, 0, stream>>>(a, b, n, kSteps, flags);
+        CHECK(cudaGetLastError());
+        CHECK(cudaEventRecord(stop, stream));
+        CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        if (rep > 0 && ms < signal_ms) signal_ms = ms;
+      }
       char name[64];
       std::snprintf(name, sizeof name, "%d blocks x %d threads", blocks, threads);
-      std::printf("%-28s %8.2f us %8.2f us\n", name, 1000.0f * graph_ms / kSteps, 1000.0f * barrier_ms / kSteps);
+      std::printf("%-28s %8.2f us %8.2f us %8.2f us\n", name, 1000.0f * graph_ms / kSteps,
+                  1000.0f * barrier_ms / kSteps, 1000.0f * signal_ms / kSteps);
       CHECK(cudaGraphExecDestroy(exec));
       CHECK(cudaGraphDestroy(graph));
       CHECK(cudaFree(a));

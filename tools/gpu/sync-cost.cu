@@ -85,6 +85,26 @@ __global__ void persistent_kernel(float* a, float* b, int n, int steps, unsigned
   }
 }
 
+bool ok(cudaError_t e) {
+  if (e != cudaSuccess) std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+  return e == cudaSuccess;
+}
+
+// The fastest of four timed runs of `launch` after one that warms up, in ms, with `prepare` run
+// before each outside the timing; -1 on a CUDA error (reported).
+template <typename Prepare, typename Launch>
+float best_ms(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, Prepare prepare, Launch launch) {
+  float best = 1e9f;
+  for (int rep = 0; rep < 5; ++rep) {
+    float ms = 0;
+    if (!ok(prepare()) || !ok(cudaEventRecord(start, stream)) || !ok(launch()) || !ok(cudaEventRecord(stop, stream)) ||
+        !ok(cudaEventSynchronize(stop)) || !ok(cudaEventElapsedTime(&ms, start, stop)))
+      return -1;
+    if (rep > 0 && ms < best) best = ms;
+  }
+  return best;
+}
+
 int main() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -127,40 +147,19 @@ int main() {
       CHECK(cudaStreamEndCapture(stream, &graph));
       cudaGraphExec_t exec;
       CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      float graph_ms = 1e9f;
-      for (int rep = 0; rep < 5; ++rep) {
-        CHECK(cudaEventRecord(start, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(stop, stream));
-        CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        if (rep > 0 && ms < graph_ms) graph_ms = ms;  // the first replay warms up
-      }
-
-      float barrier_ms = 1e9f;
-      for (int rep = 0; rep < 5; ++rep) {
-        CHECK(cudaEventRecord(start, stream));
+      const auto none = [] { return cudaSuccess; };
+      const float graph_ms = best_ms(stream, start, stop, none, [&] { return cudaGraphLaunch(exec, stream); });
+      const float barrier_ms = best_ms(stream, start, stop, none, [&] {
         persistent_kernel<<<blocks, threads, 0, stream>>>(a, b, n, kSteps, sync, sync + 1);
-        CHECK(cudaGetLastError());
-        CHECK(cudaEventRecord(stop, stream));
-        CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        if (rep > 0 && ms < barrier_ms) barrier_ms = ms;
-      }
-      float signal_ms = 1e9f;
-      for (int rep = 0; rep < 5; ++rep) {
-        CHECK(cudaMemsetAsync(flags, 0, size_t(sms) * sizeof(unsigned), stream));
-        CHECK(cudaEventRecord(start, stream));
-        signalled_kernel<<<blocks, threads, 0, stream>>>(a, b, n, kSteps, flags);
-        CHECK(cudaGetLastError());
-        CHECK(cudaEventRecord(stop, stream));
-        CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        if (rep > 0 && ms < signal_ms) signal_ms = ms;
-      }
+        return cudaGetLastError();
+      });
+      const float signal_ms = best_ms(
+          stream, start, stop, [&] { return cudaMemsetAsync(flags, 0, size_t(sms) * sizeof(unsigned), stream); },
+          [&] {
+            signalled_kernel<<<blocks, threads, 0, stream>>>(a, b, n, kSteps, flags);
+            return cudaGetLastError();
+          });
+      if (graph_ms < 0 || barrier_ms < 0 || signal_ms < 0) return 1;
       char name[64];
       std::snprintf(name, sizeof name, "%d blocks x %d threads", blocks, threads);
       std::printf("%-28s %8.2f us %8.2f us %8.2f us\n", name, 1000.0f * graph_ms / kSteps,

@@ -85,39 +85,45 @@ void dispatch_float(DType dtype, F&& f) {
   }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// `op` over a warp's lanes (butterfly: every lane gets the result).
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  return warp_reduce(v, SumOp{});
 }
 __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return warp_reduce(v, MaxOp{});
 }
 
-// Sum over a block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `op` over a block (blockDim.x a multiple of 32, at most 1024): each warp's result, then the warps'
+// in order from `identity`; every thread gets the result.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, Op op, float identity) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_reduce(v, op);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = identity;
+  for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) total = op(total, partial[w]);
+  return total;
+}
 __device__ __forceinline__ float block_sum(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) total += partial[w];
-  return total;
+  return block_reduce(v, SumOp{}, 0.0f);
 }
-
-// Largest value over a block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 __device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float total = -INFINITY;
-  for (int w = 0; w < int(blockDim.x + 31) / 32; ++w) total = fmaxf(total, partial[w]);
-  return total;
+  return block_reduce(v, MaxOp{}, -INFINITY);
 }
 
 // A 16-byte load of data read once per kernel (weights): not kept in L1, and L2 fetches the

@@ -268,9 +268,9 @@ void dispatch_pass_rows(int rows, F&& f) {
 //
 // Blocks of 16 warps, one an SM, loop over tiles of R weight rows (a GLU tile: R/2 gate and R/2 up
 // rows). `parts` warps share a tile, each taking every parts-th run of 32 chunks, their sums added
-// in part order (any count up to 16; the warps past the last whole group idle); parts is chosen from the shapes and the
-// GPU alone, never the number of input rows, so a row gets the same bits in any batch. A warp's loads run two
-// iterations ahead, across tiles.
+// in part order (any count up to 16; the warps past the last whole group idle); parts is chosen
+// from the shapes and the GPU alone, never the number of input rows, so a row gets the same bits in
+// any batch. A warp's loads run two iterations ahead, across tiles.
 
 constexpr int kDotWarps = 16;
 constexpr int kDotThreads = kDotWarps * 32;

@@ -1,8 +1,8 @@
 // The CUDA kernels for quantized weights against the CPU reference on the same packed weights:
 // the fused GEMV (up to 32 rows, 8 per pass; alone, several products in one launch, and the GLU
-// product), its batch invariance, the blocked dequantize + cuBLAS product, embedding rows and the
-// routed experts, for every width and group size on odd sizes; then every quantized fixture end to
-// end.
+// product; some with several tiles a warp), its batch invariance, the blocked dequantize + cuBLAS
+// product, embedding rows and the routed experts, for every width and group size on odd sizes; then
+// every quantized fixture end to end.
 // Skipped, visibly, where no GPU is present.
 #include <cmath>
 #include <cstring>
@@ -162,6 +162,31 @@ TEST_F(GpuQuant, GluProduct) {
         }
       }
     }
+}
+
+// Products large enough that a warp runs several tiles of several iterations each through its two
+// register buffers (the loads of a tile's first iterations go out while the tile before is finished):
+// plain and GLU products at 2, 4 and 8 bits, 65 groups a row (scales and biases at odd and even
+// offsets), one and several input rows.
+TEST_F(GpuQuant, ProductsWithManyTilesAWarp) {
+  const int64_t n = 12000, k = 4160;
+  for (int bits : {2, 4, 8}) {
+    Tensor gate = random_quantized(rng, Shape{n, k}, bits, 64), up = random_quantized(rng, Shape{n, k}, bits, 64);
+    Tensor gate_g = gpu->upload_quantized(gate), up_g = gpu->upload_quantized(up);
+    for (int64_t m : {1, 3, 8}) {
+      Tensor x = random(Shape{m, k}, 0.05f);
+      Tensor xg = gpu->upload(x, DType::bf16);
+      Tensor want = cpu.alloc(DType::f32, Shape{m, n}), want_glu = cpu.alloc(DType::f32, Shape{m, n});
+      cpu.matmul(x, gate, want);
+      cpu.glu_matmul(x, gate, up, Activation::silu, want_glu);
+      Tensor got = gpu->alloc(DType::f32, Shape{m, n}), got_glu = gpu->alloc(DType::f32, Shape{m, n});
+      gpu->matmul(xg, gate_g, got);
+      gpu->glu_matmul(xg, gate_g, up_g, Activation::silu, got_glu);
+      EXPECT_LT(rel(gpu->to_host(got), want), tolerance(DType::f32, m, bits)) << bits << " bits, " << m << " rows";
+      EXPECT_LT(rel(gpu->to_host(got_glu), want_glu), 2 * tolerance(DType::f32, m, bits))
+          << bits << " bits, " << m << " rows, GLU";
+    }
+  }
 }
 
 // A row of a product of many rows gets exactly the bits it gets alone (up to 32 rows, the GEMV's

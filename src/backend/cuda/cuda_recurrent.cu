@@ -324,11 +324,11 @@ __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
   }
   if (!p.norm_weight) return;
   // The head's output norm, by the last of its slices: by then every slice has stored its columns.
-  __threadfence();
   unsigned* count = p.done + int64_t(blockIdx.x) * p.hv + h;
-  const bool last = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? atomicAdd(count, 1u) == gridDim.z - 1 : false, 0);
+  __syncwarp();  // the slice's columns are stored before lane 0 releases them
+  const bool last = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? arrive_acq_rel(count) == gridDim.z - 1 : false, 0);
   if (!last) return;
-  __threadfence();
+  __syncwarp();  // the lanes read the other slices' columns after lane 0 acquired them
   const int lane = threadIdx.x;
   for (int64_t t = 0; t < seq.n_rows; ++t) {
     const int64_t row = seq.row_begin + t;

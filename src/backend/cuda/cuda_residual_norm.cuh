@@ -173,12 +173,10 @@ template <int kChunks>
 __device__ __forceinline__ void update_in_last_block(const ResidualRows<bf16>& update, int rows, unsigned* done) {
   __shared__ float scratch[kRowWarps];
   __shared__ bool last_block;
-  __threadfence();  // this block's outputs are visible before it counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == gridDim.x - 1;
-  __syncthreads();
+  __syncthreads();  // the block's outputs are stored before thread 0 releases them
+  if (threadIdx.x == 0) last_block = arrive_acq_rel(done) == gridDim.x - 1;
+  __syncthreads();  // and the last block reads the others' after thread 0 acquired them
   if (!last_block) return;
-  __threadfence();
   for (int r = 0; r < rows; ++r) residual_norm_row<kChunks>(update, r, scratch);
   if (threadIdx.x == 0) *done = 0;
 }

@@ -321,6 +321,24 @@ TEST(QuantizeCommand, RejectsBadOptions) {
   EXPECT_NE(again.output.find("already quantized"), std::string::npos) << again.output;
 }
 
+TEST(QuantizeCommand, RefusesAnExistingOutput) {
+  TempDir tmp;
+  const std::string kiln = KILN_BINARY, src = fixture_path("qwen3_5_dense"), out = tmp.path() + "/q";
+  std::filesystem::create_directories(out);
+  std::ofstream(out + "/config.json") << "{\"keep\": true}";
+  auto r = run_command(kiln + " quantize " + src + " " + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("kiln: error: " + out + " already exists"), std::string::npos) << r.output;
+  EXPECT_EQ(read_json(out + "/config.json"), (nlohmann::json{{"keep", true}}));
+  std::ofstream(tmp.path() + "/file") << "x";
+  EXPECT_NE(run_command(kiln + " quantize " + src + " " + tmp.path() + "/file").exit_code, 0);
+  // an empty directory is written into
+  std::filesystem::create_directories(tmp.path() + "/empty");
+  auto fresh = run_command(kiln + " quantize " + src + " " + tmp.path() + "/empty");
+  EXPECT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_TRUE(std::filesystem::exists(tmp.path() + "/empty/config.json"));
+}
+
 // ---- bad quantized checkpoints ----
 
 std::string load_error(const std::string& dir) {

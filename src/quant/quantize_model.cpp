@@ -146,6 +146,13 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
     return make_error("--bits {} is not supported (2, 3, 4, 5, 6, 8)", options.bits);
   if (!quant::supported_group_size(options.group_size))
     return make_error("--group-size {} is not supported (32, 64, 128)", options.group_size);
+  // as mlx-lm does, never write into (or over) what is already there; an empty directory is fine
+  {
+    std::error_code ec;
+    const fs::file_status st = fs::status(out_dir, ec);
+    if (fs::exists(st) && !(fs::is_directory(st) && fs::is_empty(out_dir, ec) && !ec))
+      return make_error("{} already exists and is not an empty directory; name a new one", out_dir);
+  }
   KILN_ASSIGN(ModelConfigFile config, read_model_config(in_dir));
   if (config.text.contains("quantization") || config.text.contains("quantization_config"))
     return make_error("{} is already quantized (config.json has a quantization block)", in_dir);

@@ -155,6 +155,19 @@ __device__ __forceinline__ void store_dequantized(const float (&q)[32], float s,
   }
 }
 
+// Two int16 inputs (a pair) times two unsigned bytes of codes, added to acc: bytes 0 and 1 of
+// `bytes` (lo) or bytes 2 and 3 (hi). The integer products' inner step.
+__device__ __forceinline__ int dp2a_lo(uint32_t pair, uint32_t bytes, int acc) {
+  int d;
+  asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(pair), "r"(bytes), "r"(acc));
+  return d;
+}
+__device__ __forceinline__ int dp2a_hi(uint32_t pair, uint32_t bytes, int acc) {
+  int d;
+  asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(pair), "r"(bytes), "r"(acc));
+  return d;
+}
+
 // The 32 codes of the chunk at p as exact floats.
 template <int BITS>
 __device__ __forceinline__ void unpack32(const uint32_t* p, float (&q)[32]) {

@@ -302,17 +302,6 @@ __host__ __device__ constexpr int code_of_pair(int p, int half) {
   return i * 4 * S + (2 * h + half) * S + t;
 }
 
-__device__ __forceinline__ int dp2a_lo(uint32_t pair, uint32_t bytes, int acc) {
-  int d;
-  asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(pair), "r"(bytes), "r"(acc));
-  return d;
-}
-__device__ __forceinline__ int dp2a_hi(uint32_t pair, uint32_t bytes, int acc) {
-  int d;
-  asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(pair), "r"(bytes), "r"(acc));
-  return d;
-}
-
 // Σ xq·q over one chunk: its BITS words of codes against its 16 input pairs.
 template <int BITS>
 __device__ __forceinline__ int chunk_dot(const uint32_t (&w)[BITS], const uint32_t (&pairs)[16]) {

@@ -1,6 +1,7 @@
 // Packed codes of MLX's affine quantization (src/quant/affine.h) as CUDA kernels read them: a
-// matrix's view, one 32-element chunk's words, and its codes as exact floats. Shared by the
-// quantized products (cuda_quant.cu, cuda_quant_gemv.cu) and the grouped experts (cuda_moe.cu).
+// matrix's view, one 32-element chunk's words, its codes as exact floats, and the integer
+// products' dot of a chunk's codes against int16 input pairs. Shared by the quantized products
+// (cuda_quant.cu, cuda_quant_gemv.cu) and the grouped experts (cuda_moe.cu).
 //
 // Turning codes into floats is what bounds these kernels, not the multiply: an integer-to-float
 // conversion runs at a quarter of the FMA rate. So a code goes into the mantissa of a float whose
@@ -166,6 +167,38 @@ __device__ __forceinline__ int dp2a_hi(uint32_t pair, uint32_t bytes, int acc) {
   int d;
   asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(pair), "r"(bytes), "r"(acc));
   return d;
+}
+
+// A word's codes as bytes: byte register t = (w >> t·BITS) & kMask holds codes j·S + t in byte j.
+template <int BITS>
+struct ByteCodes {
+  static constexpr int S = 8 / BITS;  // codes in a byte
+  static constexpr uint32_t kMask = 0x01010101u * ((1u << BITS) - 1u);
+};
+
+// The codes whose inputs int16 pair p of a chunk holds (half 0: low 16 bits): pair i·2S + 2t + h
+// meets byte register t of word i, under dp2a.lo (h = 0: bytes 0, 1) or dp2a.hi (h = 1: bytes 2, 3).
+template <int BITS>
+__host__ __device__ constexpr int code_of_pair(int p, int half) {
+  constexpr int S = ByteCodes<BITS>::S;
+  const int i = p / (2 * S), t = (p % (2 * S)) / 2, h = p % 2;
+  return i * 4 * S + (2 * h + half) * S + t;
+}
+
+// Σ xq·q over one chunk: its BITS words of codes against its 16 input pairs.
+template <int BITS>
+__device__ __forceinline__ int chunk_dot(const uint32_t (&w)[BITS], const uint32_t (&pairs)[16]) {
+  using C = ByteCodes<BITS>;
+  int lo = 0, hi = 0;
+#pragma unroll
+  for (int i = 0; i < BITS; ++i)
+#pragma unroll
+    for (int t = 0; t < C::S; ++t) {
+      const uint32_t bytes = (w[i] >> (t * BITS)) & C::kMask;
+      lo = dp2a_lo(pairs[i * 2 * C::S + 2 * t], bytes, lo);
+      hi = dp2a_hi(pairs[i * 2 * C::S + 2 * t + 1], bytes, hi);
+    }
+  return lo + hi;
 }
 
 // The 32 codes of the chunk at p as exact floats.

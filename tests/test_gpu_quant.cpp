@@ -2,7 +2,8 @@
 // the fused GEMV (up to 32 rows, 8 per pass; alone, several products in one launch, and the GLU
 // product; some with several tiles a warp), its batch invariance, the blocked dequantize + cuBLAS
 // product, embedding rows and the routed experts, for every width and group size on odd sizes; then
-// every quantized fixture end to end.
+// every quantized fixture end to end. The kernel tests run on both GPU layouts of 4- and 8-bit
+// matrices (MLX's rows, and the tiles of the streamed products).
 // Skipped, visibly, where no GPU is present.
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
 #include "models/model.h"
+#include "quant/tiles.h"
 #include "quant_test_util.h"
 #include "runtime/prefill.h"
 #include "test_util.h"
@@ -19,9 +21,18 @@
 namespace kiln::test {
 namespace {
 
-class GpuQuant : public GpuTest {
+// Every test runs on both layouts of the GPU's 4- and 8-bit matrices: MLX's rows (the default) and
+// the tiled layout of the streamed products (src/quant/tiles.h).
+class GpuQuant : public GpuTest, public testing::WithParamInterface<bool> {
  protected:
   GpuQuant() : GpuTest(17) {}
+
+  void SetUp() override {
+    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    auto made = make_cuda_backend(0, CudaBackendOptions{.tiled_quantized_weights = GetParam()});
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    gpu = std::move(made).value();
+  }
 
   // The routed experts on both backends, the same host weights (gate and up packed, down packed or
   // dense): the GPU's f32 output against the CPU's, as max |Δ| / max |want|.
@@ -66,7 +77,7 @@ double tolerance(DType out, int64_t m, int bits) {
   return ::testing::AssertionSuccess();
 }
 
-TEST_F(GpuQuant, MatmulEveryWidthAndGroup) {
+TEST_P(GpuQuant, MatmulEveryWidthAndGroup) {
   // n: fewer rows than a warp computes, and counts that are no multiple of a warp's or a block's
   // rows; k: a few chunks (some lanes idle), 100 chunks (lanes run three or four iterations, both
   // buffers of the loop), and 132 chunks, which these few rows split over a block's warps
@@ -93,7 +104,7 @@ TEST_F(GpuQuant, MatmulEveryWidthAndGroup) {
 
 // Several products of one input in one launch: each as the CPU computes it, and bit for bit what the
 // product alone gives; then products of different widths, which fall back to one launch each.
-TEST_F(GpuQuant, FusedProducts) {
+TEST_P(GpuQuant, FusedProducts) {
   const int64_t k = 640;
   for (int bits : {2, 3, 4, 5, 6, 8}) {
     const int group = bits == 4 ? 64 : bits % 2 ? 128 : 32;
@@ -137,7 +148,7 @@ TEST_F(GpuQuant, FusedProducts) {
 }
 
 // out = act(x · gateᵀ) ⊙ (x · upᵀ) in one launch over quantized gate and up.
-TEST_F(GpuQuant, GluProduct) {
+TEST_P(GpuQuant, GluProduct) {
   const int64_t n = 45;           // no multiple of a warp's rows
   for (int64_t k : {2560, 4096})  // 4096: the chunks split over a block's warps
     for (int bits : {2, 3, 4, 5, 6, 8}) {
@@ -168,7 +179,7 @@ TEST_F(GpuQuant, GluProduct) {
 // register buffers (the loads of a tile's first iterations go out while the tile before is finished):
 // plain and GLU products at 2, 4 and 8 bits, 65 groups a row (scales and biases at odd and even
 // offsets), one and several input rows.
-TEST_F(GpuQuant, ProductsWithManyTilesAWarp) {
+TEST_P(GpuQuant, ProductsWithManyTilesAWarp) {
   const int64_t n = 12000, k = 4160;
   for (int bits : {2, 4, 8}) {
     Tensor gate = random_quantized(rng, Shape{n, k}, bits, 64), up = random_quantized(rng, Shape{n, k}, bits, 64);
@@ -192,7 +203,7 @@ TEST_F(GpuQuant, ProductsWithManyTilesAWarp) {
 // A row of a product of many rows gets exactly the bits it gets alone (up to 32 rows, the GEMV's
 // limit): plain, fused and GLU products, for widths that give a warp four rows (3, 4 bits) and two
 // (8 bits) at one input row.
-TEST_F(GpuQuant, ProductRowsAreBatchInvariant) {
+TEST_P(GpuQuant, ProductRowsAreBatchInvariant) {
   const int64_t n = 77;
   // 4096: the chunks split over a block's warps; 24576: fewer than 8 input rows a pass (2, 4, 8 bits)
   for (int64_t k : {1024, 4096, 24576})
@@ -235,7 +246,7 @@ TEST_F(GpuQuant, ProductRowsAreBatchInvariant) {
 
 // A block's quantized output projection and the residual update after it in one launch (2, 4 and 8
 // bits): as the CPU computes them, and bit for bit what the product and the update give apart.
-TEST_F(GpuQuant, ProductWithResidualNorm) {
+TEST_P(GpuQuant, ProductWithResidualNorm) {
   const int64_t k = 4096;
   for (int bits : {2, 4, 8})
     for (int64_t n : {2560, 160, 5120})  // 5120: four row chunks a thread in the update
@@ -276,7 +287,46 @@ TEST_F(GpuQuant, ProductWithResidualNorm) {
       }
 }
 
-TEST_F(GpuQuant, MatmulBf16OutputAndStridedInput) {
+// 4- and 8-bit matrices in the tiled layout are one buffer of codes, scales and biases (other widths
+// keep MLX's rows), and their products stream it: a short last row block, a short last slice, and
+// few row blocks over many slices (each row block's columns split over SMs, the partial sums added
+// by its last split), plain and GLU, one to nine input rows.
+TEST_P(GpuQuant, ProductsOverSlicesAndSplits) {
+  Tensor three = random_quantized(rng, Shape{8, 256}, 3, 64);
+  EXPECT_EQ(gpu->upload_quantized(three).quant().tiled_bytes, 0u);  // other widths keep MLX's rows
+  struct Case {
+    int64_t n, k;
+    int bits, group;
+  };
+  for (const Case& c : {Case{40, 4160, 4, 64}, Case{64, 15360, 4, 128}, Case{33, 5120, 8, 32}}) {
+    Tensor gate = random_quantized(rng, Shape{c.n, c.k}, c.bits, c.group),
+           up = random_quantized(rng, Shape{c.n, c.k}, c.bits, c.group);
+    Tensor gate_g = gpu->upload_quantized(gate), up_g = gpu->upload_quantized(up);
+    const quant::TileLayout layout = quant::tile_layout(gate);
+    EXPECT_EQ(gate_g.quant().tiled_bytes, GetParam() ? size_t(layout.total_bytes()) : 0u);
+    EXPECT_EQ(gate_g.stored_bytes(), GetParam() ? size_t(layout.total_bytes()) : gate.stored_bytes());
+    EXPECT_GT(layout.slices(), 2);
+    for (int64_t m : {1, 2, 5, 9}) {
+      Tensor x = random(Shape{m, c.k}, 0.05f);
+      Tensor xg = gpu->upload(x, DType::bf16);
+      Tensor want = cpu.alloc(DType::f32, Shape{m, c.n}), want_glu = cpu.alloc(DType::f32, Shape{m, c.n});
+      cpu.matmul(x, gate, want);
+      cpu.glu_matmul(x, gate, up, Activation::silu, want_glu);
+      Tensor got = gpu->alloc(DType::f32, Shape{m, c.n}), got_glu = gpu->alloc(DType::f32, Shape{m, c.n});
+      for (int repeat = 0; repeat < 2; ++repeat) {  // the second launch finds the split counts reset
+        gpu->matmul(xg, gate_g, got);
+        gpu->glu_matmul(xg, gate_g, up_g, Activation::silu, got_glu);
+        ASSERT_TRUE(gpu->status().ok()) << gpu->status().error().message;
+        EXPECT_LT(rel(gpu->to_host(got), want), tolerance(DType::f32, m, c.bits))
+            << c.n << "x" << c.k << ", " << m << " rows";
+        EXPECT_LT(rel(gpu->to_host(got_glu), want_glu), 2 * tolerance(DType::f32, m, c.bits))
+            << c.n << "x" << c.k << ", " << m << " rows, GLU";
+      }
+    }
+  }
+}
+
+TEST_P(GpuQuant, MatmulBf16OutputAndStridedInput) {
   const int64_t m = 5, n = 97, k = 256;
   Tensor w = random_quantized(rng, Shape{n, k}, 4, 64);
   Tensor x = random(Shape{m, 2 * k});
@@ -288,7 +338,7 @@ TEST_F(GpuQuant, MatmulBf16OutputAndStridedInput) {
   EXPECT_LT(rel(gpu->to_host(got), want), 1e-2);
 }
 
-TEST_F(GpuQuant, PrefillProductSpansSeveralDequantizedBlocks) {
+TEST_P(GpuQuant, PrefillProductSpansSeveralDequantizedBlocks) {
   const int64_t m = 40, n = 20011, k = 4096;  // blocks of 16384 rows of 4096
   Tensor w = random_quantized(rng, Shape{n, k}, 4, 64);
   Tensor x = random(Shape{m, k}, 0.1f);
@@ -299,7 +349,7 @@ TEST_F(GpuQuant, PrefillProductSpansSeveralDequantizedBlocks) {
   EXPECT_LT(rel(gpu->to_host(got), want), 1e-2);
 }
 
-TEST_F(GpuQuant, Embed) {
+TEST_P(GpuQuant, Embed) {
   for (int bits : {2, 3, 4, 5, 6, 8}) {
     Tensor table = random_quantized(rng, Shape{53, 160}, bits, 32);
     Tensor ids = host_tensor(DType::i32, Shape{7});
@@ -331,7 +381,7 @@ void route_evenly(int64_t tokens, int top_k, int routed, Tensor& ids, Tensor& we
   }
 }
 
-TEST_F(GpuQuant, RoutedExperts) {
+TEST_P(GpuQuant, RoutedExperts) {
   const int64_t tokens = 19, hidden = 96, inter = 64, experts = 10;
   const int top_k = 3;
   for (int bits : {3, 4, 8}) {
@@ -352,7 +402,7 @@ TEST_F(GpuQuant, RoutedExperts) {
 // A prefill's routed experts grouped by expert (more than 32 tokens, sizes multiples of 64): every
 // width, group sizes 32 to 128, a dense down projection beside packed gate and up, two experts no
 // pair is routed to. The GEMMs round the dequantized weights and the GLU output to bf16.
-TEST_F(GpuQuant, RoutedExpertsGroupedForPrefill) {
+TEST_P(GpuQuant, RoutedExpertsGroupedForPrefill) {
   const int64_t tokens = 100, hidden = 128, inter = 64, experts = 12, routed = 10;
   const int top_k = 3;
   for (int bits : {2, 3, 4, 5, 6, 8}) {
@@ -384,6 +434,9 @@ std::vector<float> run_model(Backend& backend, const std::string& fixture, const
   if (!logits.ok()) return {};
   return std::vector<float>(logits->data_as<float>(), logits->data_as<float>() + logits->numel());
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuQuant, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) { return info.param ? "Tiles" : "Rows"; });
 
 class GpuQuantFixtures : public testing::TestWithParam<std::string> {};
 

@@ -9,6 +9,7 @@
 #include "models/model.h"
 #include "quant/affine.h"
 #include "quant/quantize_model.h"
+#include "quant/tiles.h"
 #include "quant_test_util.h"
 #include "runtime/prefill.h"
 #include "test_util.h"
@@ -149,6 +150,69 @@ Tensor random_f32(std::mt19937& gen, Shape shape) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = normal(gen);
   return t;
+}
+
+// The GPU's tiled layout holds every code, scale and bias where its offsets say (scales and
+// biases as bf16), in the MLX layout's bytes plus at most 15 a tile, for short last row blocks
+// and slices, every group size and scale type.
+TEST(QuantFormat, TiledLayoutHoldsEveryValue) {
+  std::mt19937 gen(5);
+  struct Case {
+    int64_t rows, cols;
+    int bits, group;
+    DType scale_dtype;
+  };
+  const Case cases[] = {{1, 64, 4, 64, DType::bf16},      {33, 2560, 4, 64, DType::bf16}, {40, 4160, 4, 64, DType::f16},
+                        {64, 9216, 4, 32, DType::f32},    {7, 3840, 8, 128, DType::bf16}, {96, 1024, 8, 32, DType::f16},
+                        {31, 15360, 4, 128, DType::bf16}, {2, 96, 8, 32, DType::bf16}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.rows << " x " << c.cols << ", " << c.bits << " bits, group " << c.group);
+    Tensor w = random_quantized(gen, Shape{c.rows, c.cols}, c.bits, c.group, c.scale_dtype);
+    ASSERT_TRUE(quant::tileable(w));
+    const quant::TileLayout t = quant::tile_layout(w);
+    EXPECT_LE(t.slice * c.bits / 8, 1024);
+    EXPECT_EQ(t.slice % c.group, 0);
+    const int64_t tiles = t.row_blocks() * t.slices();
+    EXPECT_GE(t.total_bytes(), int64_t(w.nbytes()) + 4 * c.rows * (c.cols / c.group));
+    EXPECT_LE(t.total_bytes(), int64_t(w.nbytes()) + 4 * c.rows * (c.cols / c.group) + 15 * tiles);
+    std::vector<uint8_t> tiled(size_t(t.total_bytes()));
+    quant::write_tiles(w, tiled.data());
+    const auto* codes = static_cast<const uint8_t*>(w.data());
+    const int64_t row_bytes = c.cols * c.bits / 8, groups = c.cols / c.group;
+    int64_t bad_codes = 0, bad_scales = 0;
+    for (int64_t r = 0; r < c.rows; ++r) {
+      for (int64_t chunk = 0; chunk < c.cols / 32; ++chunk)
+        bad_codes += std::memcmp(tiled.data() + t.chunk_offset(r, chunk), codes + r * row_bytes + chunk * c.bits * 4,
+                                 size_t(c.bits * 4)) != 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        uint16_t s = 0, b = 0;
+        std::memcpy(&s, tiled.data() + t.scale_offset(r, g), 2);
+        std::memcpy(&b, tiled.data() + t.scale_offset(r, g) + t.bias_distance(r, g), 2);
+        const float want_s = quant::load_float(
+            static_cast<const char*>(w.quant().scales.data()) + size_t(r * groups) * dtype_size(c.scale_dtype),
+            c.scale_dtype, g);
+        const float want_b = quant::load_float(
+            static_cast<const char*>(w.quant().biases.data()) + size_t(r * groups) * dtype_size(c.scale_dtype),
+            c.scale_dtype, g);
+        bad_scales +=
+            bf16_to_f32(s) != bf16_to_f32(f32_to_bf16(want_s)) || bf16_to_f32(b) != bf16_to_f32(f32_to_bf16(want_b));
+      }
+    }
+    EXPECT_EQ(bad_codes, 0);
+    EXPECT_EQ(bad_scales, 0);
+    // tiles start 16-byte aligned and follow one another without overlap
+    int64_t expected = 0;
+    for (int64_t b = 0; b < t.row_blocks(); ++b)
+      for (int s = 0; s < t.slices(); ++s) {
+        EXPECT_EQ(t.tile_offset(b, s), expected);
+        EXPECT_EQ(t.tile_offset(b, s) % 16, 0);
+        expected += t.tile_bytes(t.block_rows(b), t.slice_cols(s));
+      }
+    EXPECT_EQ(expected, t.total_bytes());
+  }
+  for (int bits : {2, 3, 5, 6})  // the other widths keep the MLX layout on the GPU
+    EXPECT_FALSE(quant::tileable(random_quantized(gen, Shape{4, 128}, bits, 64)));
+  EXPECT_FALSE(quant::tileable(random_quantized(gen, Shape{2, 4, 128}, 4, 64)));  // a stack of experts
 }
 
 TEST(QuantCpu, MatmulMatchesDequantized) {

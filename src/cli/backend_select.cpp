@@ -1,5 +1,8 @@
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #ifdef KILN_HAS_CUDA
@@ -17,7 +20,10 @@ void add_run_options(CLI::App& command, RunOptions& options) {
 Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options) {
 #ifdef KILN_HAS_CUDA
   if (options.device == "cuda" || (options.device.empty() && cuda_device_present())) {
-    KILN_ASSIGN(auto cuda, make_cuda_backend(0));
+    // Developers measuring the tiled quantized layout (not yet the faster one) turn it on here.
+    const char* tiled = std::getenv("KILN_TILED_WEIGHTS");
+    KILN_ASSIGN(auto cuda, make_cuda_backend(
+                               0, CudaBackendOptions{.tiled_quantized_weights = tiled && std::string(tiled) == "1"}));
     spdlog::info("backend: {}", cuda->name());
     return cuda;
   }

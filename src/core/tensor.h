@@ -124,6 +124,9 @@ struct QuantParams {
   int group_size = 64;
   Tensor scales;  // [..., out, in / group_size], f32, bf16 or f16
   Tensor biases;  // same shape and type
+  // Non-zero: a GPU matrix in the tiled layout (src/quant/tiles.h), its codes, scales and biases
+  // in this many bytes at data(); scales and biases are then undefined.
+  size_t tiled_bytes = 0;
 };
 
 inline size_t Tensor::nbytes() const {
@@ -132,6 +135,7 @@ inline size_t Tensor::nbytes() const {
 }
 
 inline size_t Tensor::stored_bytes() const {
+  if (quant_ && quant_->tiled_bytes) return quant_->tiled_bytes;
   return nbytes() + (quant_ ? quant_->scales.nbytes() + quant_->biases.nbytes() : 0);
 }
 

@@ -9,14 +9,21 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "backend/cuda/cuda_bulk_copy.cuh"      // bulk copies into shared memory on mbarriers
 #include "backend/cuda/cuda_quant_codes.cuh"    // the integer products' dot and the input's pair order
 #include "backend/cuda/cuda_residual_norm.cuh"  // bf16 rows as floats and back
 
 // What the product kernels already have: warp sums, silu, the last arrival's count, bf16 packing.
 using kiln::cuda::arrive_acq_rel;
+using kiln::cuda::bulk_copy_to_shared;
 using kiln::cuda::code_of_pair;
+using kiln::cuda::mbarrier_arrive;
+using kiln::cuda::mbarrier_expect_bytes;
+using kiln::cuda::mbarrier_init;
+using kiln::cuda::mbarrier_wait;
 using kiln::cuda::pack2;
 using kiln::cuda::pack8;
+using kiln::cuda::shared_address;
 using kiln::cuda::silu;
 using kiln::cuda::unpack8;
 using kiln::cuda::warp_sum;
@@ -90,32 +97,6 @@ __host__ __device__ inline size_t tile_offset(const Phase& p, int block, int s) 
 }
 
 // ---- PTX ----
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
 __device__ __forceinline__ unsigned long long globaltimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
@@ -171,7 +152,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 __device__ __forceinline__ void copy4_async(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void wait_async_copies() {
   asm volatile("cp.async.wait_all;" ::: "memory");
@@ -526,8 +507,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint4* pieces = reinterpret_cast<uint4*>(smem + size_t(slots) * slot_bytes);
   float2* stats = reinterpret_cast<float2*>(pieces + 4 * kMaxChunks);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < slots; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], kConsumerWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < slots; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerWarps);
+    kiln::cuda::mbarrier_init_fence();
   }
   __syncthreads();
   if (per_op) asm volatile("griddepcontrol.launch_dependents;");
@@ -544,14 +525,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const int b = u / splits, j = u % splits, s_end = min(slices, (j + 1) * per_split);
         for (int s = j * per_split; s < s_end; ++s) {
-          if (round > 0) mbar_wait(&empty[slot], (round - 1) & 1);
+          if (round > 0) mbarrier_wait(&empty[slot], (round - 1) & 1);
           if (mode == 2) {
-            mbar_arrive(&full[slot]);
+            mbarrier_arrive(&full[slot]);
           } else {
             const int bytes = tile_bytes(min(slice, k - s * slice));
-            mbar_expect(&full[slot], bytes);
-            bulk_copy(smem + size_t(slot) * slot_bytes,
-                      tiles + size_t(b) * tile_bytes(k) + size_t(s) * tile_bytes(slice), bytes, &full[slot]);
+            mbarrier_expect_bytes(&full[slot], bytes);
+            bulk_copy_to_shared(smem + size_t(slot) * slot_bytes,
+                                tiles + size_t(b) * tile_bytes(k) + size_t(s) * tile_bytes(slice), bytes, &full[slot]);
           }
           if (++slot == slots) slot = 0, ++round;
         }
@@ -604,10 +585,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int q = 0; q < kRowsPerWarp; ++q) acc[q] = 0;
         for (int s = j * per_split; s < s_end; ++s) {
-          mbar_wait(&full[slot], round & 1);
+          mbarrier_wait(&full[slot], round & 1);
           if (mode != 1) tile_rows(k, slice, s, smem + size_t(slot) * slot_bytes, pieces, stats, acc);
           __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[slot]);
+          if (lane == 0) mbarrier_arrive(&empty[slot]);
           if (++slot == slots) slot = 0, ++round;
         }
 #pragma unroll

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_timeline.h"
 #include "quant/affine.h"
+#include "quant/tiles.h"
 
 namespace kiln {
 
@@ -85,11 +86,13 @@ class CudaBackend final : public Backend {
     }
   };
 
-  explicit CudaBackend(int device) : device_(device) {}
+  CudaBackend(int device, const CudaBackendOptions& options) : device_(device), options_(options) {}
   ~CudaBackend() override {
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (residual_done_) cudaFree(residual_done_);
+    if (tile_scratch_.partials) cudaFree(tile_scratch_.partials);
+    if (tile_scratch_.counts) cudaFree(tile_scratch_.counts);
     if (delta_done_) cudaFree(delta_done_);
     if (stream_) {
       cudaStreamSynchronize(stream_);
@@ -101,7 +104,8 @@ class CudaBackend final : public Backend {
     if (cudaSetDevice(device_) != cudaSuccess) return make_error("cannot select CUDA device {}", device_);
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device_);
-    name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_, prop.name, prop.major, prop.minor);
+    name_ = fmt::format("cuda:{} ({}, sm_{}{}{})", device_, prop.name, prop.major, prop.minor,
+                        options_.tiled_quantized_weights ? ", tiled 4- and 8-bit weights" : "");
     if (prop.major < 8) return make_error("{}: kiln's CUDA kernels need compute capability 8.0 or newer", name_);
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
       return make_error("cannot create a CUDA stream");
@@ -178,10 +182,27 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  // Packed codes as they are; scales and biases in bf16, which the quantized kernels read.
+  // With options_.tiled_quantized_weights, 4- and 8-bit matrices in the tiled layout the streamed
+  // decode products read (src/quant/tiles.h); otherwise the packed codes as they are. Scales and
+  // biases in bf16, which the kernels read.
   Tensor upload_quantized(const Tensor& host) override {
     if (host.device() == Device::cuda) return host;
     const QuantParams& q = host.quant();
+    if (options_.tiled_quantized_weights && quant::tileable(host)) {
+      allocate_tile_scratch();
+      const size_t bytes = size_t(quant::tile_layout(host).total_bytes());
+      std::vector<uint8_t> staged(bytes);
+      quant::write_tiles(host, staged.data());
+      Tensor buffer = alloc(DType::u32, Shape{int64_t(bytes / 4)});
+      check(cudaMemcpyAsync(buffer.data(), staged.data(), bytes, cudaMemcpyHostToDevice, stream_), "upload");
+      check(cudaStreamSynchronize(stream_), "upload");  // `staged` dies here
+      auto params = std::make_shared<QuantParams>();
+      params->bits = q.bits;
+      params->group_size = q.group_size;
+      params->tiled_bytes = bytes;
+      return Tensor(DType::u32, host.shape(), buffer.data(), buffer.owner(), Device::cuda)
+          .with_quant(std::move(params));
+    }
     Shape packed_shape = host.shape();
     packed_shape[-1] = host.cols() * q.bits / 32;
     Tensor packed = alloc(DType::u32, packed_shape);
@@ -376,7 +397,12 @@ class CudaBackend final : public Backend {
     }
     if (all_quantized && x.rows() >= 1 && x.rows() <= kGemvRows) {
       OpTimer timed(this, "qmatmul");
-      if (cuda::quantized_gemv_many(quantized_input(x), weights.data(), outs.data(), int(outs.size()), stream_)) {
+      const Tensor input = quantized_input(x);
+      if (cuda::tiled_gemv_many(input, weights.data(), outs.data(), int(outs.size()), tile_scratch_, stream_)) {
+        after_launch("tiled_gemv_many");
+        return;
+      }
+      if (cuda::quantized_gemv_many(input, weights.data(), outs.data(), int(outs.size()), stream_)) {
         after_launch("quantized_gemv_many");
         return;
       }
@@ -393,7 +419,12 @@ class CudaBackend final : public Backend {
     if (gate.quantized() && up.quantized()) {
       if (x.rows() >= 1 && x.rows() <= kGemvRows) {
         OpTimer timed(this, "qmatmul");
-        if (cuda::quantized_glu_gemv(quantized_input(x), gate, up, act, out, stream_)) {
+        const Tensor input = quantized_input(x);
+        if (cuda::tiled_glu_gemv(input, gate, up, act, out, tile_scratch_, stream_)) {
+          after_launch("tiled_glu_gemv");
+          return;
+        }
+        if (cuda::quantized_glu_gemv(input, gate, up, act, out, stream_)) {
           after_launch("quantized_glu_gemv");
           return;
         }
@@ -460,6 +491,8 @@ class CudaBackend final : public Backend {
       OpTimer timed(this, "matmul_residual_norm");
       if (!w.quantized() && cuda::small_matmul_residual_norm(x, w, args, residual_done_, stream_))
         return after_launch("small_matmul_residual_norm");
+      if (w.quantized() && cuda::tiled_gemv_residual_norm(x, w, args, residual_done_, tile_scratch_, stream_))
+        return after_launch("tiled_gemv_residual_norm");
       if (w.quantized() && cuda::quantized_gemv_residual_norm(x, w, args, residual_done_, stream_))
         return after_launch("quantized_gemv_residual_norm");
     }
@@ -569,6 +602,8 @@ class CudaBackend final : public Backend {
     const int64_t m = x.rows(), k = x.cols(), n = w.rows();
     if (m == 0) return;
     const Tensor input = quantized_input(x);
+    if (m <= kGemvRows && cuda::tiled_gemv_many(input, &w, &out, 1, tile_scratch_, stream_))
+      return after_launch("tiled_gemv");
     if (m <= kGemvRows && cuda::quantized_gemv(input, w, out, stream_)) return after_launch("quantized_gemv");
     const int64_t ldc = out.cols() == n ? out.row_stride() : n;
     const int64_t block = std::min(n, std::max<int64_t>(64, kDequantBlock / k));
@@ -610,6 +645,7 @@ class CudaBackend final : public Backend {
   void after_launch(const char* what) { check(cudaGetLastError(), what); }
 
   int device_;
+  CudaBackendOptions options_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -627,6 +663,20 @@ class CudaBackend final : public Backend {
   void* cublas_workspace_ = nullptr;
   // the count of finished blocks of a product fused with the residual update (zero between launches)
   unsigned* residual_done_ = nullptr;
+  cuda::TileScratch tile_scratch_;  // allocated with the first tiled weight
+
+  // The tiled products' partial sums (enough for their split choice to be made on shapes alone up
+  // to a few thousand rows; larger products do not split) and row-block counts.
+  void allocate_tile_scratch() {
+    if (tile_scratch_.partials || tile_scratch_.counts) return;  // allocated (or tried) once
+    constexpr int64_t kPartialFloats = int64_t(1) << 21, kCounts = 8192;
+    check(cudaMalloc(&tile_scratch_.partials, kPartialFloats * sizeof(float)), "tiled products' scratch");
+    check(cudaMalloc(&tile_scratch_.counts, kCounts * sizeof(unsigned)), "tiled products' scratch");
+    check(cudaMemset(tile_scratch_.counts, 0, kCounts * sizeof(unsigned)), "tiled products' scratch");
+    if (!tile_scratch_.partials || !tile_scratch_.counts) return;  // then no product splits its columns
+    tile_scratch_.partial_floats = kPartialFloats;
+    tile_scratch_.count_slots = kCounts;
+  }
   unsigned* delta_done_ = nullptr;  // the delta rule's per-(sequence, head) counters
   size_t arena_bytes_ = 0;
   cuda::DecodeTimeline timeline_;
@@ -661,9 +711,9 @@ Result<CudaDeviceInfo> cuda_device_info(int device) {
                         .multiprocessors = prop.multiProcessorCount};
 }
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options) {
   if (!cuda_device_present()) return make_error("no CUDA device is present");
-  auto backend = std::make_unique<CudaBackend>(device);
+  auto backend = std::make_unique<CudaBackend>(device, options);
   KILN_TRY(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -282,6 +282,14 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// The current device's SMs.
+inline int multiprocessors() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms > 0 ? sms : 1;
+}
+
 inline int ceil_div(int64_t a, int64_t b) {
   return int((a + b - 1) / b);
 }

@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(kGroupedThreads) grouped_expert_kernel(Grouped
 bool grouped_weights(const Tensor& w) {
   if (!w.quantized()) return w.dtype() == DType::bf16 && w.contiguous();
   const QuantParams& q = w.quant();
-  return q.scales.dtype() == DType::bf16 && q.biases.dtype() == DType::bf16 && q.scales.contiguous() &&
-         q.biases.contiguous() && reinterpret_cast<uintptr_t>(w.data()) % 16 == 0;
+  return q.tiled_bytes == 0 && q.scales.dtype() == DType::bf16 && q.biases.dtype() == DType::bf16 &&
+         q.scales.contiguous() && q.biases.contiguous() && reinterpret_cast<uintptr_t>(w.data()) % 16 == 0;
 }
 
 // The width a launch's template takes: 16 for bf16 weights.

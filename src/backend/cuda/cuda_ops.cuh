@@ -92,6 +92,22 @@ bool quantized_glu_gemv(const Tensor& x, const Tensor& gate, const Tensor& up, A
 // quantized_gemv followed by residual_norm.
 bool quantized_gemv_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args, unsigned* done,
                                   cudaStream_t stream);
+// cuda_quant_tiles.cu: the same products for weights in the tiled layout (src/quant/tiles.h; 4 and 8
+// bits). Products whose columns split over SMs keep partial sums and a count per row block in
+// `scratch` (counts zeroed, left zeroed); false when the call does not fit (the caller then
+// dequantizes blocks of rows for cuBLAS, which reads either layout).
+struct TileScratch {
+  float* partials = nullptr;
+  int64_t partial_floats = 0;
+  unsigned* counts = nullptr;
+  int64_t count_slots = 0;
+};
+bool tiled_gemv_many(const Tensor& x, const Tensor* weights, Tensor* outs, int count, const TileScratch& scratch,
+                     cudaStream_t stream);
+bool tiled_glu_gemv(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
+                    const TileScratch& scratch, cudaStream_t stream);
+bool tiled_gemv_residual_norm(const Tensor& x, const Tensor& w, const ResidualNormArgs& args, unsigned* done,
+                              const TileScratch& scratch, cudaStream_t stream);
 // cuda_quant.cu:
 // rows [row_begin, row_begin + n_rows) of w, dequantized into out (bf16, [n_rows, k] contiguous)
 void dequantize_rows(const Tensor& w, int64_t row_begin, int64_t n_rows, Tensor& out, cudaStream_t stream);

@@ -30,10 +30,9 @@ __global__ void dequantize_kernel(QView w, int64_t row_begin, int64_t n_rows, bf
   if (i >= n_rows * chunks) return;
   const int64_t r = i / chunks, c = i % chunks, row = row_begin + r;
   float q[32];
-  unpack32<BITS>(w.row_words(row) + c * BITS, q);
-  const int64_t g = row * w.groups() + c * 32 / w.group_size;
-  const float s = __bfloat162float(w.scales[g]), b = __bfloat162float(w.biases[g]);
-  store_dequantized(q, s, b, reinterpret_cast<uint4*>(out + r * w.cols + c * 32));
+  unpack32<BITS>(w.chunk_words(row, c), q);
+  const float2 sb = w.scale_bias(row, c * 32 / w.group_size);
+  store_dequantized(q, sb.x, sb.y, reinterpret_cast<uint4*>(out + r * w.cols + c * 32));
 }
 
 // ---- embedding rows ----
@@ -48,11 +47,10 @@ __global__ void embed_kernel(QView table, const int32_t* ids, Rows<O> out, int64
   O* dst = out.row(t);
   for (int64_t c = threadIdx.x; c < table.cols / 32; c += blockDim.x) {
     float q[32];
-    unpack32<BITS>(table.row_words(id) + c * BITS, q);
-    const int64_t g = id * table.groups() + c * 32 / table.group_size;
-    const float s = __bfloat162float(table.scales[g]), b = __bfloat162float(table.biases[g]);
+    unpack32<BITS>(table.chunk_words(id, c), q);
+    const float2 sb = table.scale_bias(id, c * 32 / table.group_size);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) dst[c * 32 + j] = from_float<O>(fmaf(s, q[j], b) * scale);
+    for (int j = 0; j < 32; ++j) dst[c * 32 + j] = from_float<O>(fmaf(sb.x, q[j], sb.y) * scale);
   }
 }
 
@@ -68,19 +66,18 @@ __device__ __forceinline__ float quant_dot(const QView& w, int64_t row, const fl
   }
   with_bits(w.bits, [&](auto bits_tag) {
     constexpr int BITS = decltype(bits_tag)::value;
-    const uint32_t* codes = w.row_words(row);
     const int64_t per_group = w.group_size / 32;
     for (int64_t c = lane; c < w.cols / 32; c += 32) {
       float q[32];
-      unpack32<BITS>(codes + c * BITS, q);
-      const int64_t g = row * w.groups() + c / per_group;
+      unpack32<BITS>(w.chunk_words(row, c), q);
+      const float2 sb = w.scale_bias(row, c / per_group);
       float dot = 0.0f, sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         dot = fmaf(xs[c * 32 + j], q[j], dot);
         sum += xs[c * 32 + j];
       }
-      acc = fmaf(__bfloat162float(w.scales[g]), dot, fmaf(__bfloat162float(w.biases[g]), sum, acc));
+      acc = fmaf(sb.x, dot, fmaf(sb.y, sum, acc));
     }
   });
   return warp_sum(acc);

@@ -15,12 +15,14 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "core/tensor.h"
+#include "quant/tiles.h"
 
 namespace kiln::cuda {
 
-// A quantized matrix as the kernels read it: scales and biases are bf16 on the device. The
-// expert kernels also take a plain bf16 stack through it (`values` set), since a checkpoint may
-// leave one projection of the experts unquantized.
+// A quantized matrix as the kernels read it: scales and biases are bf16 on the device, in MLX's
+// row layout or the tiled one (src/quant/tiles.h, `tiled`). The expert kernels also take a plain
+// bf16 stack through it (`values` set), since a checkpoint may leave one projection of the experts
+// unquantized.
 struct QView {
   const uint32_t* packed;
   const bf16* scales;
@@ -28,8 +30,29 @@ struct QView {
   const bf16* values;  // a dense bf16 matrix instead
   int64_t rows = 0, cols = 0;
   int bits = 0, group_size = 0;
-  __device__ __forceinline__ const uint32_t* row_words(int64_t r) const { return packed + r * (cols / 32) * bits; }
+  bool tiled = false;
+  __device__ __forceinline__ quant::TileLayout layout() const {
+    return quant::make_tile_layout(rows, cols, bits, group_size);
+  }
   __device__ __forceinline__ int64_t groups() const { return cols / group_size; }
+  // row r's codes in the row layout (stacks of experts, which are never tiled)
+  __device__ __forceinline__ const uint32_t* row_words(int64_t r) const { return packed + r * (cols / 32) * bits; }
+  // the `bits` words of chunk c (columns 32c .. 32c + 31) of row r
+  __device__ __forceinline__ const uint32_t* chunk_words(int64_t r, int64_t c) const {
+    if (tiled)
+      return reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(packed) + layout().chunk_offset(r, c));
+    return packed + (r * (cols / 32) + c) * bits;
+  }
+  // the scale and bias of group g of row r
+  __device__ __forceinline__ float2 scale_bias(int64_t r, int64_t g) const {
+    if (tiled) {
+      const quant::TileLayout t = layout();
+      const char* at = reinterpret_cast<const char*>(packed) + t.scale_offset(r, g);
+      return make_float2(__bfloat162float(*reinterpret_cast<const bf16*>(at)),
+                         __bfloat162float(*reinterpret_cast<const bf16*>(at + t.bias_distance(r, g))));
+    }
+    return make_float2(__bfloat162float(scales[r * groups() + g]), __bfloat162float(biases[r * groups() + g]));
+  }
 };
 
 inline QView view_of(const Tensor& w) {
@@ -41,14 +64,16 @@ inline QView view_of(const Tensor& w) {
                  .rows = w.rows(),
                  .cols = w.cols()};
   const QuantParams& q = w.quant();
+  const bool tiled = q.tiled_bytes != 0;
   return QView{.packed = static_cast<const uint32_t*>(w.data()),
-               .scales = q.scales.data_as<bf16>(),
-               .biases = q.biases.data_as<bf16>(),
+               .scales = tiled ? nullptr : q.scales.data_as<bf16>(),
+               .biases = tiled ? nullptr : q.biases.data_as<bf16>(),
                .values = nullptr,
                .rows = w.rows(),
                .cols = w.cols(),
                .bits = q.bits,
-               .group_size = q.group_size};
+               .group_size = q.group_size,
+               .tiled = tiled};
 }
 
 // The BITS words of codes of one 32-element chunk.
@@ -95,6 +120,20 @@ __host__ __device__ __forceinline__ void with_bits(int bits, F&& f) {
       f(std::integral_constant<int, 8>{});
       break;
   }
+}
+
+// Calls f(std::integral_constant<int, M>{}) with M ≥ rows (1..8) among 1, 2, 4, 8; the kernels stop at
+// `rows` (the decode products' passes of input rows).
+template <typename F>
+void dispatch_pass_rows(int rows, F&& f) {
+  if (rows == 1)
+    f(std::integral_constant<int, 1>{});
+  else if (rows == 2)
+    f(std::integral_constant<int, 2>{});
+  else if (rows <= 4)
+    f(std::integral_constant<int, 4>{});
+  else
+    f(std::integral_constant<int, 8>{});
 }
 
 // Σ x·f over one chunk, with f(q) = 0.5 + q · 2^-(BITS+1) (4 bits: q / 256), and the factor that

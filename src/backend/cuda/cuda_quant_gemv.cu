@@ -241,20 +241,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 4 : 3)
   }
 }
 
-// Calls f(std::integral_constant<int, M>{}) with M ≥ rows (1..8) among 1, 2, 4, 8; the kernel stops at
-// `rows`.
-template <typename F>
-void dispatch_pass_rows(int rows, F&& f) {
-  if (rows == 1)
-    f(std::integral_constant<int, 1>{});
-  else if (rows == 2)
-    f(std::integral_constant<int, 2>{});
-  else if (rows <= 4)
-    f(std::integral_constant<int, 4>{});
-  else
-    f(std::integral_constant<int, 8>{});
-}
-
 // ---- 2, 4 and 8 bits: integer dot products ----
 //
 // Turning codes into floats costs the float kernel above ~3 instructions a weight, and at 0.56 bytes
@@ -521,7 +507,7 @@ bool gemv_input(const Tensor& x) {
 }
 
 bool gemv_weight(const Tensor& w, const Tensor& like, int64_t k) {
-  if (!w.quantized() || w.cols() != k || !aligned16(w.data())) return false;
+  if (!w.quantized() || w.quant().tiled_bytes || w.cols() != k || !aligned16(w.data())) return false;
   const QuantParams& q = w.quant();
   const QuantParams& l = like.quant();
   if (integer_dot_width(q.bits) && dot_pass_rows(k) == 0) return false;
@@ -568,13 +554,6 @@ void run_float_gemv(QProducts& p, int products, bool glu, bool gelu, int rows, c
     else
       launch(qgemv_kernel<BITS, M, R, false>, blocks, kGemvWarps * 32, 0, stream, p, xs, ldx, rows, f32, gelu, splits);
   });
-}
-
-int multiprocessors() {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms > 0 ? sms : 1;
 }
 
 // Warps sharing a tile of the integer products, from the tiles at one input row, the chunks and the

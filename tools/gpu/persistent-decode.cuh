@@ -14,19 +14,11 @@
 #include "backend/cuda/cuda_residual_norm.cuh"  // bf16 rows as floats and back
 
 // What the product kernels already have: warp sums, silu, the last arrival's count, bf16 packing.
-using kiln::cuda::arrive_acq_rel;
-using kiln::cuda::bulk_copy_to_shared;
-using kiln::cuda::code_of_pair;
-using kiln::cuda::mbarrier_arrive;
-using kiln::cuda::mbarrier_expect_bytes;
-using kiln::cuda::mbarrier_init;
-using kiln::cuda::mbarrier_wait;
-using kiln::cuda::pack2;
-using kiln::cuda::pack8;
-using kiln::cuda::shared_address;
-using kiln::cuda::silu;
-using kiln::cuda::unpack8;
-using kiln::cuda::warp_sum;
+using kiln::cuda::arrive_acq_rel, kiln::cuda::code_of_pair, kiln::cuda::pack2, kiln::cuda::pack8, kiln::cuda::silu,
+    kiln::cuda::unpack8, kiln::cuda::warp_sum;
+// and the bulk copies into shared memory on mbarriers
+using kiln::cuda::bulk_copy_to_shared, kiln::cuda::mbarrier_arrive, kiln::cuda::mbarrier_expect_bytes,
+    kiln::cuda::mbarrier_init, kiln::cuda::mbarrier_wait, kiln::cuda::shared_address;
 
 using bf16 = __nv_bfloat16;
 
@@ -345,12 +337,7 @@ __device__ __forceinline__ void tile_rows(int k, int slice, int s, const unsigne
 #pragma unroll
     for (int q = 0; q < kRowsPerWarp; ++q) w[q] = codes[(warp + kConsumerWarps * q) * chunks + c];
     uint32_t pairs[16];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 v = pieces[q * all + first + c];
-      pairs[4 * q] = v.x, pairs[4 * q + 1] = v.y, pairs[4 * q + 2] = v.z, pairs[4 * q + 3] = v.w;
-    }
-    const float2 st = stats[first + c];
+    const float2 st = kiln::cuda::input_chunk(pieces, stats, 0, all, first + c, pairs);
     const int g = c / (kGroup / 32);
 #pragma unroll
     for (int q = 0; q < kRowsPerWarp; ++q) {

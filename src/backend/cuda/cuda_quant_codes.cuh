@@ -224,6 +224,27 @@ __host__ __device__ constexpr int code_of_pair(int p, int half) {
   return i * 4 * S + (2 * h + half) * S + t;
 }
 
+// Element i of product output `out`, f32 or bf16.
+__device__ __forceinline__ void store_output(void* out, int64_t i, float v, bool f32) {
+  if (f32)
+    static_cast<float*>(out)[i] = v;
+  else
+    static_cast<bf16*>(out)[i] = __float2bfloat16(v);
+}
+
+// Chunk c of input row m as the integer products keep their inputs in shared memory: piece v
+// (pairs 4v .. 4v+3) at pieces[(m·4 + v)·chunks + c], so that lanes taking consecutive chunks read
+// consecutive 16 bytes. Fills the chunk's 16 pairs and returns its (step, sum).
+__device__ __forceinline__ float2 input_chunk(const uint4* pieces, const float2* stats, int m, int chunks, int c,
+                                              uint32_t (&pairs)[16]) {
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const uint4 p = pieces[(m * 4 + v) * chunks + c];
+    pairs[4 * v] = p.x, pairs[4 * v + 1] = p.y, pairs[4 * v + 2] = p.z, pairs[4 * v + 3] = p.w;
+  }
+  return stats[m * chunks + c];
+}
+
 // Σ xq·q over one chunk: its BITS words of codes against its 16 input pairs.
 template <int BITS>
 __device__ __forceinline__ int chunk_dot(const uint32_t (&w)[BITS], const uint32_t (&pairs)[16]) {

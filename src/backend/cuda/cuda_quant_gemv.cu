@@ -57,14 +57,6 @@ constexpr int rows_per_warp(int m, int bits) {
   return m == 1 && bits < 6 ? 4 : 2;
 }
 
-// Element i of product output `out`, f32 or bf16.
-__device__ __forceinline__ void store_output(void* out, int64_t i, float v, bool f32) {
-  if (f32)
-    static_cast<float*>(out)[i] = v;
-  else
-    static_cast<bf16*>(out)[i] = __float2bfloat16(v);
-}
-
 // A 32-element input chunk as floats, and their sum, always formed in this order.
 __device__ __forceinline__ float load_x_chunk(const bf16* __restrict__ x, float (&xf)[32]) {
   const uint4* xr = reinterpret_cast<const uint4*>(x);
@@ -451,12 +443,7 @@ __global__ void __launch_bounds__(kDotThreads, 1)
       for (int m = 0; m < M; ++m) {
         if (m >= rows) break;
         uint32_t pairs[16];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 v = pieces[(m * 4 + q) * chunks + c];
-          pairs[4 * q] = v.x, pairs[4 * q + 1] = v.y, pairs[4 * q + 2] = v.z, pairs[4 * q + 3] = v.w;
-        }
-        const float2 st = stats[m * chunks + c];
+        const float2 st = input_chunk(pieces, stats, m, chunks, c, pairs);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const float dot = __int2float_rn(chunk_dot<BITS>(f.words[r], pairs));

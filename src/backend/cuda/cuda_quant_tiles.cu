@@ -136,12 +136,7 @@ __device__ __forceinline__ void tile_rows(const unsigned char* tile, int rb, int
     for (int m = 0; m < M; ++m) {
       if (m >= rows) break;
       uint32_t pairs[16];
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const uint4 p = pieces[(m * 4 + v) * chunks + c0 + cc];
-        pairs[4 * v] = p.x, pairs[4 * v + 1] = p.y, pairs[4 * v + 2] = p.z, pairs[4 * v + 3] = p.w;
-      }
-      const float2 st = stats[m * chunks + c0 + cc];
+      const float2 st = input_chunk(pieces, stats, m, chunks, c0 + cc, pairs);
 #pragma unroll
       for (int q = 0; q < kRowsPerWarp; ++q) {
         const float dot = __int2float_rn(chunk_dot<BITS>(w[q], pairs));
@@ -149,13 +144,6 @@ __device__ __forceinline__ void tile_rows(const unsigned char* tile, int rb, int
       }
     }
   }
-}
-
-__device__ __forceinline__ void store_value(void* out, int64_t i, float v, bool f32) {
-  if (f32)
-    static_cast<float*>(out)[i] = v;
-  else
-    static_cast<bf16*>(out)[i] = __float2bfloat16(v);
 }
 
 // out[m, row] for rows [0, rows) of x. RESIDUAL > 0 (one product, bf16 out): the last block to
@@ -250,7 +238,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
             if (m >= rows) break;
             float o = v[0][q][m];
             if constexpr (GLU) o = (gelu ? gelu_tanh(o) : silu(o)) * v[kParts - 1][q][m];
-            store_value(p.out[s], m * p.ldo[s] + r, o, f32_out);
+            store_output(p.out[s], m * p.ldo[s] + r, o, f32_out);
           }
         }
       };
@@ -291,8 +279,8 @@ int shared_memory_limit() {
 }
 
 // Input rows one pass holds beside two slots: 1, 2, 4 or 8 (0: k too large).
-int tile_pass_rows(int64_t k, int64_t slot_bytes) {
-  const int64_t fit = (shared_memory_limit() - 2 * slot_bytes) / ((k / 32) * kChunkInputBytes);
+int tile_pass_rows(int64_t k, int64_t slot_bytes, int shared_limit) {
+  const int64_t fit = (shared_limit - 2 * slot_bytes) / ((k / 32) * kChunkInputBytes);
   return fit >= 8 ? 8 : fit >= 4 ? 4 : fit >= 2 ? 2 : fit >= 1 ? 1 : 0;
 }
 
@@ -301,39 +289,32 @@ int tile_pass_rows(int64_t k, int64_t slot_bytes) {
 template <int BITS>
 bool run_tiles(TileProducts p, bool glu, bool gelu, const Tensor& x, DType out_dtype, const TileScratch& scratch,
                cudaStream_t stream, const ResidualNormArgs* residual, unsigned* done) {
-  const int parts = glu ? 2 : 1, products = glu ? 1 : p.count;
-  const quant::TileLayout first = quant::make_tile_layout(p.n[0], p.k, BITS, p.group_size);
-  const int slices = first.slices();
-  int64_t slot_bytes = 0, partial_rows = 0;
-  for (int s = 0; s < products; ++s) {
-    const quant::TileLayout t = quant::make_tile_layout(p.n[s], p.k, BITS, p.group_size);
-    slot_bytes = std::max(slot_bytes, t.tile_bytes(t.block_rows(0), t.slice));
-    partial_rows += int64_t(parts) * p.n[s];
-  }
-  const int cap = tile_pass_rows(p.k, slot_bytes);
-  if (cap == 0) return false;
+  const int parts = glu ? 2 : 1, products = glu ? 1 : p.count, sms = multiprocessors();
   // Each product's splits as if it ran alone (so a product gets the same bits in any launch): the
   // busiest SM's tiles, a split unit's partial sums and count costed as one more tile.
-  const int sms = multiprocessors();
-  int units = 0, blocks_before = 0, rows_before = 0;
+  int64_t slot_bytes = 0, partial_rows = 0;
+  int units = 0, blocks_before = 0;
   for (int s = 0; s < products; ++s) {
-    const int64_t blocks = quant::make_tile_layout(p.n[s], p.k, BITS, p.group_size).row_blocks();
-    int64_t best_cost = INT64_MAX;
+    const quant::TileLayout t = quant::make_tile_layout(p.n[s], p.k, BITS, p.group_size);
+    const int64_t blocks = t.row_blocks();
+    const int slices = t.slices();
+    slot_bytes = std::max(slot_bytes, t.tile_bytes(t.block_rows(0), t.slice));
+    int64_t best_cost = ((blocks + sms - 1) / sms) * slices * parts;  // no split
     p.splits[s] = 1, p.per_split[s] = slices;
     for (int splits = 2; splits <= slices; ++splits) {
       const int per = (slices + splits - 1) / splits;
       // a quarter of the scratch a product, so that the products of any launch fit together
       const bool fits = (slices + per - 1) / per == splits && blocks <= scratch.count_slots / kMaxTileProducts &&
                         int64_t(splits) * 8 * parts * p.n[s] <= scratch.partial_floats / kMaxTileProducts;
-      if (!fits) continue;
-      if (best_cost == INT64_MAX) best_cost = ((blocks + sms - 1) / sms) * slices * parts;  // no split
       const int64_t rounds = (blocks * splits + sms - 1) / sms, cost = rounds * per * parts + rounds;
-      if (cost < best_cost) best_cost = cost, p.splits[s] = splits, p.per_split[s] = per;
+      if (fits && cost < best_cost) best_cost = cost, p.splits[s] = splits, p.per_split[s] = per;
     }
     p.unit_end[s] = units += int(blocks) * p.splits[s];
     p.count_base[s] = blocks_before, blocks_before += int(blocks);
-    p.row_base[s] = rows_before, rows_before += parts * p.n[s];
+    p.row_base[s] = int(partial_rows), partial_rows += int64_t(parts) * p.n[s];
   }
+  const int limit = shared_memory_limit(), cap = tile_pass_rows(p.k, slot_bytes, limit);
+  if (cap == 0) return false;
   p.count = products;
   p.partial_rows = int(partial_rows);
   p.partials = scratch.partials;
@@ -353,10 +334,10 @@ bool run_tiles(TileProducts p, bool glu, bool gelu, const Tensor& x, DType out_d
     auto go = [&](auto M_tag, auto kernel, const ResidualRows<bf16>& update) {
       constexpr int M = decltype(M_tag)::value;
       const int64_t inputs = M * chunks * kChunkInputBytes;
-      p.slots = int(std::min<int64_t>(kSlots, (shared_memory_limit() - inputs) / slot_bytes));
+      p.slots = int(std::min<int64_t>(kSlots, (limit - inputs) / slot_bytes));
       const size_t shared = size_t(p.slots) * size_t(slot_bytes) + size_t(inputs);
       // the most any launch may take: a graph replays every launch against the kernel's one setting
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_memory_limit());
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
       launch(kernel, grid, kTileThreads, shared, stream, p, xs, ldx, rows, f32, gelu, update, done);
     };
     dispatch_pass_rows(rows, [&](auto M_tag) {

@@ -282,6 +282,20 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Lets `kernel` launch with as much dynamic shared memory as the device gives a block beside the
+// kernel's static shared memory. Always the most, never one launch's size: a captured graph replays
+// every launch of a kernel against the kernel's one setting, the last one made.
+template <typename Kernel>
+void allow_most_dynamic_shared(Kernel kernel) {
+  int device = 0, most = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) != cudaSuccess) return;
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       most - int(attributes.sharedSizeBytes));
+}
+
 // The current device's SMs.
 inline int multiprocessors() {
   int device = 0, sms = 0;

@@ -598,7 +598,7 @@ void run_dot(QProducts p, int products, bool glu, bool gelu, const Tensor& x, DT
       const int grid = std::min(sms, ceil_div(tiles, groups));
       const size_t shared = size_t(rows) * size_t(chunks) * kDotChunkBytes;
       auto go = [&](auto kernel, const ResidualRows<bf16>& update) {
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+        allow_most_dynamic_shared(kernel);
         launch(kernel, grid, kDotThreads, shared, stream, p, xs, ldx, rows, f32, gelu, parts, tiles, update, done);
       };
       if (glu) {

@@ -336,8 +336,7 @@ bool run_tiles(TileProducts p, bool glu, bool gelu, const Tensor& x, DType out_d
       const int64_t inputs = M * chunks * kChunkInputBytes;
       p.slots = int(std::min<int64_t>(kSlots, (limit - inputs) / slot_bytes));
       const size_t shared = size_t(p.slots) * size_t(slot_bytes) + size_t(inputs);
-      // the most any launch may take: a graph replays every launch against the kernel's one setting
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+      allow_most_dynamic_shared(kernel);
       launch(kernel, grid, kTileThreads, shared, stream, p, xs, ldx, rows, f32, gelu, update, done);
     };
     dispatch_pass_rows(rows, [&](auto M_tag) {

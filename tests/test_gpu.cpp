@@ -2,6 +2,7 @@
 // Skipped, visibly, where no GPU is present. The causal conv and the gated delta rule:
 // test_gpu_recurrent.cpp; routed experts: test_gpu_moe.cpp; whole models: test_gpu_fixtures.cpp.
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -496,6 +497,69 @@ TEST_F(Gpu, Attention) {
   attention_case(this, cpu, *gpu, 16, 1, 512, 0, 3, rng);
   attention_case(this, cpu, *gpu, 16, 1, 512, 9, 5, rng);
   for (int hd : {128, 256}) attention_case(this, cpu, *gpu, 8, 2, hd, 0, 7, rng, true);  // with an output gate
+}
+
+// Decode attention gives a sequence's row the bits it gets alone when another sequence with more
+// rows shares the launch, for a short and a long cache (few and many spans), at Gemma 4's sliding and
+// global head shapes and Qwen 3.5's gated one.
+TEST_F(Gpu, DecodeAttentionBatchInvariant) {
+  struct Case {
+    int hq, hkv, hd;
+    bool gated;
+  };
+  for (const Case& c : {Case{16, 8, 256, false}, Case{16, 1, 512, false}, Case{16, 4, 256, true}})
+    for (int64_t capacity : {int64_t(700), int64_t(20000)}) {
+      const int64_t filled = 600;  // slots already in both caches
+      std::vector<KvCacheView> caches = {new_kv_cache(*gpu, capacity, c.hkv, c.hd),
+                                         new_kv_cache(*gpu, capacity, c.hkv, c.hd)};
+      for (KvCacheView& cache : caches) {
+        Tensor pos = host_tensor(DType::i32, Shape{filled});
+        for (int64_t i = 0; i < filled; ++i) pos.data_as<int32_t>()[i] = int32_t(i);
+        gpu->kv_write(KvWriteArgs{.k = to_gpu(random(Shape{filled, c.hkv, c.hd})),
+                                  .v = to_gpu(random(Shape{filled, c.hkv, c.hd})),
+                                  .positions = gpu->upload(pos, DType::i32),
+                                  .seqs = {SeqRows{0, filled, 0}},
+                                  .caches = {cache}});
+      }
+      // sequence 0 decodes one row; sequence 1 three (its rows are not written, only attended from)
+      const Tensor q = random(Shape{4, c.hq, c.hd}), gate = random(Shape{4 * c.hq, 2 * c.hd});
+      Tensor pos = host_tensor(DType::i32, Shape{4});
+      for (int i = 0; i < 4; ++i) pos.data_as<int32_t>()[i] = int32_t(i == 0 ? filled - 1 : filled - 4 + i);
+      auto first_rows = [](const Tensor& t, int64_t rows) {  // a host copy of t's first rows
+        Shape shape = t.shape();
+        const int64_t per_row = t.numel() / shape[0];
+        shape[0] = rows;
+        Tensor out = host_tensor(t.dtype(), shape);
+        std::memcpy(out.data(), t.data(), size_t(rows * per_row) * dtype_size(t.dtype()));
+        return out;
+      };
+      auto run = [&](int64_t rows, std::vector<SeqRows> seqs, std::vector<KvCacheView> cc) {
+        Tensor got = gpu->alloc(DType::bf16, Shape{rows, c.hq, c.hd});
+        Tensor gate_gpu = c.gated ? to_gpu(first_rows(gate, rows * c.hq)).cols_view(c.hd, c.hd) : Tensor();
+        gpu->attention(AttentionArgs{.q = to_gpu(first_rows(q, rows)),
+                                     .out = got,
+                                     .positions = gpu->upload(first_rows(pos, rows), DType::i32),
+                                     .seqs = seqs,
+                                     .caches = cc,
+                                     .n_heads = c.hq,
+                                     .n_kv_heads = c.hkv,
+                                     .head_dim = c.hd,
+                                     .scale = 1.0f / 16,
+                                     .window = 0,
+                                     .output_gate = gate_gpu});
+        return from_gpu(got);
+      };
+      const Tensor alone = run(1, {SeqRows{0, 1, filled - 1}}, {caches[0]});
+      const Tensor batched = run(4, {SeqRows{0, 1, filled - 1}, SeqRows{1, 3, filled - 3}}, caches);
+      int64_t differ = 0, meaningful = 0;  // meaningful: finite and not zero, so equal outputs say something
+      for (int64_t i = 0; i < alone.numel(); ++i) {
+        const float v = alone.data_as<float>()[i];
+        differ += v != batched.data_as<float>()[i];
+        meaningful += std::isfinite(v) && v != 0.0f;
+      }
+      EXPECT_EQ(differ, 0) << "hq " << c.hq << " hkv " << c.hkv << " hd " << c.hd << " capacity " << capacity;
+      EXPECT_GT(meaningful, alone.numel() / 2) << "hq " << c.hq << " hd " << c.hd << " capacity " << capacity;
+    }
 }
 
 // The flash prefill kernel: head dims 128, 256 and 512, GQA groups 1, 2 and 4, causal with and

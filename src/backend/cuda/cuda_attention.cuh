@@ -51,9 +51,6 @@ struct AttnParams {
   SeqTable seqs;
 };
 
-// The device's opt-in shared memory per block.
-size_t max_shared_memory();
-
 // Query rows per block of the flash prefill kernel; tokens_per_tile follows from it.
 constexpr int kFlashRows = 64;
 // Whether the flash prefill kernel takes this head dim and GQA group on this device.

@@ -282,18 +282,26 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// The device's opt-in shared memory per block (static and dynamic together).
+inline size_t max_shared_memory() {
+  static const size_t bytes = [] {
+    int device = 0, value = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    return size_t(value);
+  }();
+  return bytes;
+}
+
 // Lets `kernel` launch with as much dynamic shared memory as the device gives a block beside the
 // kernel's static shared memory. Always the most, never one launch's size: a captured graph replays
 // every launch of a kernel against the kernel's one setting, the last one made.
 template <typename Kernel>
 void allow_most_dynamic_shared(Kernel kernel) {
-  int device = 0, most = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   cudaFuncAttributes attributes{};
   if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) != cudaSuccess) return;
   cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       most - int(attributes.sharedSizeBytes));
+                       int(max_shared_memory()) - int(attributes.sharedSizeBytes));
 }
 
 // The current device's SMs.

@@ -287,16 +287,6 @@ void launch_flash_prefill(const AttnParams& params, cudaStream_t stream) {
 
 }  // namespace
 
-size_t max_shared_memory() {
-  static size_t bytes = [] {
-    int device = 0, value = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    return size_t(value);
-  }();
-  return bytes;
-}
-
 // The flash kernel takes the head dims it is built for, exactly, and groups that fit its 64 rows,
 // where the device grants its shared memory (Hopper does for all four).
 bool flash_prefill_fits(int head_dim, int group) {

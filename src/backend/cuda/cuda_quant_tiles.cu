@@ -272,10 +272,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
 }
 
 int shared_memory_limit() {
-  int device = 0, bytes = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  return bytes - 2048;  // the kernel's static shared memory, with room to spare
+  return int(max_shared_memory()) - 2048;  // the kernel's static shared memory, with room to spare
 }
 
 // Input rows one pass holds beside two slots: 1, 2, 4 or 8 (0: k too large).

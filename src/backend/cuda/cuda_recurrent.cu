@@ -655,10 +655,7 @@ void gated_delta(const GatedDeltaArgs& args, unsigned* done, cudaStream_t stream
   p.hv = args.n_v_heads;
   p.dk = args.k_dim;
   p.dv = args.v_dim;
-  int max_smem = 0, n_sms = 0, device = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device);
+  const int max_smem = int(max_shared_memory()), n_sms = multiprocessors();
   // chunked: the column slice widths, fewest columns (most blocks) first, and how many blocks of
   // each the GPU holds at once
   struct ChunkedKernel {

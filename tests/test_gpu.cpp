@@ -463,14 +463,13 @@ void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int 
                                 .scale = 0.125f,
                                 .window = window,
                                 .output_gate = gate});
-    Tensor pos_gpu = gpu.upload(pos, DType::i32);
+    // everything uploaded first, so that the attention runs right after the cache write with no
+    // copy between them, as in a decode step (the attention may be placed before the write ends)
+    Tensor pos_gpu = gpu.upload(pos, DType::i32), q_gpu = gpu.upload(q, DType::bf16);
+    Tensor k_gpu = gpu.upload(k, DType::bf16), v_gpu = gpu.upload(v, DType::bf16);
     Tensor got = gpu.alloc(DType::bf16, Shape{rows, hq, hd});
-    gpu.kv_write(KvWriteArgs{.k = gpu.upload(k, DType::bf16),
-                             .v = gpu.upload(v, DType::bf16),
-                             .positions = pos_gpu,
-                             .seqs = seqs,
-                             .caches = gc});
-    gpu.attention(AttentionArgs{.q = gpu.upload(q, DType::bf16),
+    gpu.kv_write(KvWriteArgs{.k = k_gpu, .v = v_gpu, .positions = pos_gpu, .seqs = seqs, .caches = gc});
+    gpu.attention(AttentionArgs{.q = q_gpu,
                                 .out = got,
                                 .positions = pos_gpu,
                                 .seqs = seqs,

@@ -45,6 +45,8 @@ struct AttentionArgs {
   Tensor out;        // [T, n_heads, head_dim]
   Tensor positions;  // [T] i32
   std::vector<SeqRows> seqs;
+  // A GPU may read the positions and the caches while the op before this one still runs: that op
+  // may write only the slots of these rows' positions.
   std::vector<KvCacheView> caches;
   int n_heads = 0;
   int n_kv_heads = 0;
@@ -140,7 +142,9 @@ struct GatedDeltaArgs {
   Tensor dt_bias;  // [n_v_heads] f32
   Tensor out;      // [T, n_v_heads v_dim]
   std::vector<SeqRows> seqs;
-  std::vector<Tensor> states;  // per sequence: [n_v_heads, k_dim, v_dim] f32, updated
+  // per sequence: [n_v_heads, k_dim, v_dim] f32, updated. A GPU may read them while the op before
+  // this one still runs, so that op must not write them.
+  std::vector<Tensor> states;
   int n_k_heads = 0;
   int n_v_heads = 0;
   int k_dim = 0;

@@ -60,7 +60,10 @@ __device__ __forceinline__ float dot8(const float* q, const uint4& raw) {
 
 template <int kChunksPerLane>  // head_dim / 256, rounded up: 16-byte chunks of q, k, v per lane
 __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
-  wait_for_inputs();
+  // Before the inputs are ready, a warp requests its first group of cached keys and values: earlier
+  // steps wrote them, and the op before (the cache write) writes only the slots of this step's rows,
+  // which are found here too (from the positions, set before the step) and loaded after the wait.
+  // Finding them after the wait instead added a round trip there and measured slower on an H200.
   const SeqDesc& seq = p.seqs.seq[blockIdx.z];
   const int kvh = int(blockIdx.y) / p.head_blocks, split = blockIdx.x;
   const int first_head = int(blockIdx.y) % p.head_blocks * p.heads_per_block;
@@ -70,10 +73,43 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
   const int64_t n_slots = filled_slots(p, seq);
   const int64_t span = span_for(n_slots, p.splits);
   const int64_t j0 = int64_t(split) * span;
-  if (j0 >= n_slots) return;
   const int64_t j1 = min(n_slots, j0 + span);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   const int pairs = int(seq.n_rows) * heads;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  int64_t step_slot[kDecodeMaxRows];
+#pragma unroll
+  for (int r = 0; r < kDecodeMaxRows; ++r)
+    step_slot[r] = r < seq.n_rows ? int64_t(p.positions[seq.row_begin + r]) % seq.capacity : -1;
+  auto written_now = [&](int64_t slot) {  // a slot one of this step's rows writes
+    bool hit = false;
+#pragma unroll
+    for (int r = 0; r < kDecodeMaxRows; ++r) hit = hit || step_slot[r] == slot;
+    return hit;
+  };
+  uint4 kr[kSlotUnroll][kChunksPerLane], vr[kSlotUnroll][kChunksPerLane];
+  int kp[kSlotUnroll];
+  // the group of slots from j; `step_slots`: only those this step writes (the rest are loaded)
+  auto load_group = [&](int64_t j, bool step_slots) {
+#pragma unroll
+    for (int u = 0; u < kSlotUnroll; ++u) {
+      const int64_t slot = j + u;
+      const bool in_span = slot < j1;
+      if (step_slots && !(in_span && written_now(slot))) continue;
+      kp[u] = in_span ? seq.slot_pos[slot] : -1;
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        const int chunk = lane + 32 * c;
+        const bool load = in_span && chunk < chunks;
+        const int64_t at = (slot * p.n_kv_heads + kvh) * hd + chunk * 8;
+        kr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.k + at) : zero;
+        vr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.v + at) : zero;
+      }
+    }
+  };
+  const bool early = j0 < n_slots && warp < pairs;
+  if (early) load_group(j0, false);
+  wait_for_inputs();
+  if (j0 >= n_slots) return;
   for (int pair = warp; pair < pairs; pair += warps) {
     const int r = pair / heads, head = kvh * p.group + first_head + pair % heads;
     const int64_t row = seq.row_begin + r;
@@ -93,23 +129,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
     }
     float m = -INFINITY, l = 0.0f;
     for (int64_t j = j0; j < j1; j += kSlotUnroll) {
-      // every key and value of the group in flight at once
-      uint4 kr[kSlotUnroll][kChunksPerLane], vr[kSlotUnroll][kChunksPerLane];
-      int kp[kSlotUnroll];
-#pragma unroll
-      for (int u = 0; u < kSlotUnroll; ++u) {
-        const int64_t slot = j + u;
-        const bool in_span = slot < j1;
-        kp[u] = in_span ? seq.slot_pos[slot] : -1;
-#pragma unroll
-        for (int c = 0; c < kChunksPerLane; ++c) {
-          const int chunk = lane + 32 * c;
-          const bool load = in_span && chunk < chunks;
-          const int64_t at = (slot * p.n_kv_heads + kvh) * hd + chunk * 8;
-          kr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.k + at) : zero;
-          vr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.v + at) : zero;
-        }
-      }
+      // every key and value of the group in flight at once (the first group of the warp's first
+      // pair already is, less this step's slots)
+      load_group(j, pair == warp && j == j0);
       float s[kSlotUnroll];
 #pragma unroll
       for (int u = 0; u < kSlotUnroll; ++u) {

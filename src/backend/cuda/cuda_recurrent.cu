@@ -248,9 +248,11 @@ __device__ __forceinline__ float sum_over_rows(float v) {
 // One warp per (sequence, value head, slice of kSliceCols columns); dk ≤ kRowGroups · kRows,
 // dv a multiple of 4, state 16-byte aligned. Each warp redoes its head's q/k normalisation, beta
 // and g: 2·dk values, cheaper than sharing them across blocks.
+//
+// The state and the head's constants are requested before the inputs are ready: only this rule
+// writes the state, never the op just before it (GatedDeltaArgs).
 template <int kRows>
 __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
-  wait_for_inputs();
   const StateSeq& seq = p.seqs.seq[blockIdx.x];
   const int h = blockIdx.y, kh = h / (p.hv / p.hk);
   const int dk = p.dk, dv = p.dv;
@@ -265,6 +267,7 @@ __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
     s[i] = has_cols && r < dk ? *reinterpret_cast<const float4*>(state + int64_t(r) * dv) : make_float4(0, 0, 0, 0);
   }
   const float neg_a = -expf(p.a_log[h]), dt_bias = p.dt_bias[h];
+  wait_for_inputs();
 
   for (int64_t t = 0; t < seq.n_rows; ++t) {
     const int64_t row = seq.row_begin + t;

@@ -181,6 +181,37 @@ TEST(LoaderErrors, ConfigFieldOfWrongType) {
   EXPECT_NE(error.find("'hidden_size' must be an integer"), std::string::npos) << error;
 }
 
+// Values that used to pass the config checks and crash later (a rotary table past the head,
+// a division by a zero width, a window of zero taps, two head dims sharing one rotary table).
+TEST(LoaderErrors, ConfigValuesOutOfRange) {
+  struct Case {
+    std::string fixture;
+    std::function<void(nlohmann::json&)> edit;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["rope_parameters"]["partial_rotary_factor"] = 1.5; },
+       "partial_rotary_factor 1.5"},
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["intermediate_size"] = 0; }, "intermediate size"},
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["linear_conv_kernel_dim"] = 0; }, "linear_conv_kernel_dim"},
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["rms_norm_eps"] = -1; }, "rms_norm_eps"},
+      {"gemma4_dense", [](nlohmann::json& c) { c["intermediate_size"] = 0; }, "intermediate size"},
+      {"gemma4_dense", [](nlohmann::json& c) { c["sliding_window"] = 0; }, "sliding_window"},
+      {"gemma4_dense", [](nlohmann::json& c) { c["per_layer_config"]["2"]["head_dim"] = 0; }, "one head_dim"},
+      {"gemma4_dense", [](nlohmann::json& c) { c["final_logit_softcapping"] = 0; }, "final_logit_softcapping"},
+  };
+  for (const Case& c : cases) {
+    TempDir tmp;
+    const auto dir = tmp.copy_fixture(c.fixture);
+    auto config = read_json(dir + "/config.json");
+    c.edit(config.contains("text_config") ? config["text_config"] : config);
+    write_file(dir + "/config.json", config.dump());
+    const auto error = load_error(dir);
+    expect_one_line(error);
+    EXPECT_NE(error.find(c.needle), std::string::npos) << error;
+  }
+}
+
 TEST(LoaderErrors, NotAModelDirectory) {
   const auto error = load_error("/nonexistent/kiln-model");
   expect_one_line(error);
@@ -220,13 +251,19 @@ TEST(LoaderErrors, CliReportsOneLineAndFails) {
   const auto truncated = tmp.copy_fixture("gemma4_dense");
   const auto bytes = read_file(truncated + "/model.safetensors");
   write_file(truncated + "/model.safetensors", bytes.substr(0, bytes.size() - 100));
-  const std::string out = tmp.path() + "/out.npy";
+  const std::string out = tmp.path() + "/out.npy", bundled = source_dir() + "/models/kiln-kjv-31m";
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"logits " + truncated + " --ids 1,2,3 --out " + out, "model.safetensors is truncated"},
            {"logits /nonexistent --ids 1,2,3 --out " + out, "config.json"},
            {"logits " + fixture_path("gemma4_dense") + " --ids 1,x,3 --out " + out, "'x' is not a token id"},
            {"logits " + fixture_path("gemma4_dense") + " --ids 1,2,99999 --out " + out, "99999"},
            {"logits " + fixture_path("gemma4_dense") + " --ids 1,2 --out /nonexistent/dir/out.npy", "out.npy"},
+           {"logits " + fixture_path("gemma4_dense") + " --ids 1,2 --out " + out + " --threads 100000", "--threads"},
+           {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --temp nan", "'nan' is not a finite number"},
+           {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --max-tokens 0", "must be positive, got 0"},
+           {"tokenize " + bundled + " --file " + tmp.path(), "is a directory"},
+           {"quantize " + fixture_path("qwen3_5_dense") + " " + tmp.path() + "/q --override 'model.layers.0.mlp=8'",
+            "matches no module"},
        }) {
     auto r = run_command(std::string(KILN_BINARY) + " " + args);
     EXPECT_NE(r.exit_code, 0) << args;

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/validators.h"
 #ifdef KILN_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -14,7 +15,8 @@ namespace kiln::cli {
 void add_run_options(CLI::App& command, RunOptions& options) {
   command.add_option("--device", options.device, "cpu or cuda (default: cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  command.add_option("--threads", options.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  command.add_option("--threads", options.threads, "CPU threads (default: all cores)")
+      ->check(number_in(0, kMaxThreads));
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options) {

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "models/model.h"
 #include "runtime/decode_loop.h"
 
@@ -205,10 +206,10 @@ void add_bench_command(CLI::App& app, Action& action) {
   auto options = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed on a model directory");
   cmd->add_option("model_dir", options->model_dir, "Model directory")->required();
-  cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens per sequence")->check(CLI::PositiveNumber);
-  cmd->add_option("--gen", options->gen, "Tokens generated per sequence")->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--batch", options->batch, "Sequences decoded together")->check(CLI::PositiveNumber);
-  cmd->add_option("--runs", options->runs, "Timed runs (after one warm-up)")->check(CLI::Range(1, 100));
+  cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens per sequence")->check(positive_number());
+  cmd->add_option("--gen", options->gen, "Tokens generated per sequence")->check(number_in(2, 1 << 20));
+  cmd->add_option("--batch", options->batch, "Sequences decoded together")->check(positive_number());
+  cmd->add_option("--runs", options->runs, "Timed runs (after one warm-up)")->check(number_in(1, 100));
   cmd->add_flag("--json", options->json, "Print the figures as JSON");
   cmd->add_flag("!--no-matmul-peak", options->matmul_peak, "Skip measuring the matrix-product peak");
   cmd->add_flag("--profile", options->profile, "Also time every op of one prefill and a few decode steps");

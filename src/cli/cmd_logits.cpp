@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "core/npy.h"
 #include "models/model.h"
 #include "runtime/prefill.h"
@@ -65,7 +66,7 @@ void add_logits_command(CLI::App& app, Action& action) {
   cmd->add_option("--out", options->out, "Output .npy file (float32 [ids, vocab])")->required();
   cmd->add_option("--prefill-chunk", options->prefill_chunk,
                   "Feed the ids through the cache this many at a time (1: pure decode; default: all at once)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   add_run_options(*cmd, options->run);
   cmd->callback([options, &action] { action = [options] { return run_logits(*options); }; });
 }

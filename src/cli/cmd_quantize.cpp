@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "quant/quantize_model.h"
 
 namespace kiln::cli {
@@ -47,7 +48,7 @@ void add_quantize_command(CLI::App& app, Action& action) {
   cmd->add_option("--group-size", a->group_size, "Weights per scale and bias (32, 64, 128)");
   cmd->add_option("--override", a->overrides,
                   "MODULE_GLOB=BITS[:GROUP] (BITS 'none' keeps a module unquantized); the last match wins");
-  cmd->add_option("--threads", a->threads, "Worker threads (0: all cores)");
+  cmd->add_option("--threads", a->threads, "Worker threads (0: all cores)")->check(number_in(0, kMaxThreads));
   cmd->callback([a, &action] { action = [a] { return run_quantize(*a); }; });
 }
 

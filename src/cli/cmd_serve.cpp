@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/default_model.h"
+#include "cli/validators.h"
 #include "models/model.h"
 #include "runtime/scheduler.h"
 #include "server/server.h"
@@ -114,19 +115,17 @@ void add_serve_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI and Anthropic APIs)");
   cmd->add_option("MODEL_DIR", o->model_dir, "Model directory (default: the bundled model)");
   cmd->add_option("--host", o->http.host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", o->http.port, "Port (0: any free port)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--port", o->http.port, "Port (0: any free port)")->capture_default_str()->check(number_in(0, 65535));
   cmd->add_option("--api-key", o->http.api_key, "Require this bearer token on every request");
   cmd->add_option("--max-batch", o->scheduler.max_batch, "Most requests decoding at once")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(number_in(1, 1024));
   cmd->add_option("--ctx", o->scheduler.context, "Context per request in tokens (prompt plus output)")
       ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 24));
+      ->check(number_in(2, 1 << 24));
   cmd->add_option("--prefill-chunk", o->scheduler.prefill_chunk, "Most prompt tokens per batched step")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(number_in(1, 1 << 16));
   cmd->add_option("--prompt-cache-bytes", o->scheduler.prompt_cache_bytes, "Prefix cache budget in bytes (0: off)")
       ->capture_default_str();
   cmd->add_flag("--batch-invariant,!--no-batch-invariant", o->scheduler.batch_invariant,
@@ -136,7 +135,7 @@ void add_serve_command(CLI::App& app, Action& action) {
   cmd->add_option("--served-model-name", o->served_name, "The model id clients use (default: the directory name)");
   cmd->add_option("--grace", o->grace_seconds, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   add_run_options(*cmd, o->run);
   cmd->callback([o, &action] { action = [o] { return serve(*o); }; });
 }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "io/synthetic.h"
@@ -11,6 +12,8 @@
 namespace kiln::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 struct SynthOptions {
   std::string config;
@@ -32,16 +35,30 @@ Status run_synth(const SynthOptions& o) {
   text.erase("quantization");
   text.erase("quantization_config");
   text["dtype"] = o.dtype == "bf16" ? "bfloat16" : "float32";
-  size_t params = 0;
-  for (const auto& t : tensors) params += size_t(t.shape.numel());
-  spdlog::info("writing {} tensors, {:.2f} B parameters, to {}", tensors.size(), double(params) / 1e9, o.out_dir);
+  // counted in double: an absurd geometry must be refused, not overflow into a plausible size
+  double params = 0;
+  for (const auto& t : tensors) {
+    double n = 1;
+    for (int i = 0; i < t.shape.rank(); ++i) n *= double(t.shape[i]);
+    params += n;
+  }
+  const double bytes = params * (o.dtype == "bf16" ? 2.0 : 4.0);
+  std::error_code error;
+  fs::path existing = fs::absolute(o.out_dir, error);
+  while (!existing.empty() && !fs::exists(existing, error) && existing.has_parent_path() &&
+         existing.parent_path() != existing)
+    existing = existing.parent_path();
+  const fs::space_info space = fs::space(existing, error);
+  if (!error && bytes > double(space.available))
+    return make_error("{}: the model would take {:.1f} GB, but {} has {:.1f} GB free", o.config, bytes / 1e9,
+                      existing.string(), double(space.available) / 1e9);
+  spdlog::info("writing {} tensors, {:.2f} B parameters, to {}", tensors.size(), params / 1e9, o.out_dir);
   const auto start = std::chrono::steady_clock::now();
   KILN_TRY(write_synthetic_checkpoint(
       o.out_dir, text, tensors,
       SyntheticOptions{.dtype = o.dtype == "bf16" ? DType::bf16 : DType::f32, .seed = o.seed}));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print(stderr, "wrote {} ({:.2f} B parameters, {}) in {:.1f} s\n", o.out_dir, double(params) / 1e9, o.dtype,
-             seconds);
+  fmt::print(stderr, "wrote {} ({:.2f} B parameters, {}) in {:.1f} s\n", o.out_dir, params / 1e9, o.dtype, seconds);
   return ok_status();
 }
 

@@ -1,26 +1,31 @@
 #include "cli/generation.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
+#include "cli/validators.h"
 #include "runtime/prefill.h"
 #include "runtime/stop_strings.h"
 
 namespace kiln::cli {
 
 void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
-  cmd.add_option("--max-tokens", o.max_tokens, "Most tokens to generate")->check(CLI::PositiveNumber);
-  cmd.add_option("--temp", o.sampling.temperature, "Temperature (0: greedy)")->check(CLI::NonNegativeNumber);
-  cmd.add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
-  cmd.add_option("--top-k", o.sampling.top_k, "Sample among the k most likely (0: all)")->check(CLI::NonNegativeNumber);
-  cmd.add_option("--min-p", o.sampling.min_p, "Drop tokens below this share of the best")->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--max-tokens", o.max_tokens, "Most tokens to generate")->check(positive_number());
+  cmd.add_option("--temp", o.sampling.temperature, "Temperature (0: greedy)")->check(non_negative_number());
+  cmd.add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass")->check(number_in(0.0, 1.0));
+  cmd.add_option("--top-k", o.sampling.top_k, "Sample among the k most likely (0: all)")->check(non_negative_number());
+  cmd.add_option("--min-p", o.sampling.min_p, "Drop tokens below this share of the best")->check(number_in(0.0, 1.0));
   cmd.add_option("--repetition-penalty", o.sampling.repetition_penalty, "transformers' repetition penalty")
-      ->check(CLI::PositiveNumber);
-  cmd.add_option("--presence-penalty", o.sampling.presence_penalty, "OpenAI's presence penalty");
-  cmd.add_option("--frequency-penalty", o.sampling.frequency_penalty, "OpenAI's frequency penalty");
+      ->check(positive_number());
+  cmd.add_option("--presence-penalty", o.sampling.presence_penalty, "OpenAI's presence penalty")
+      ->check(number_in(-2.0, 2.0));
+  cmd.add_option("--frequency-penalty", o.sampling.frequency_penalty, "OpenAI's frequency penalty")
+      ->check(number_in(-2.0, 2.0));
   cmd.add_option("--seed", o.sampling.seed, "Random seed (same seed, same output)");
   cmd.add_option("--stop", o.stops, "Stop when the text contains this (repeatable)");
   cmd.add_option("--ctx", o.context, "Context size in tokens (default: enough for the request)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
 }
 
 Result<std::unique_ptr<TextSession>> TextSession::open(const std::string& model_dir, Backend& backend,
@@ -86,7 +91,13 @@ Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt
       stats.finish_reason = "interrupted";
       break;
     }
-    const int32_t next = sampler.sample(std::span<const float>(logits.data_as<float>(), size_t(vocab)), history_);
+    const std::span<const float> row(logits.data_as<float>(), size_t(vocab));
+    if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); }))
+      return make_error(
+          "the model produced non-finite logits for generated token {}: its weights or config.json "
+          "hold values it cannot compute with",
+          i + 1);
+    const int32_t next = sampler.sample(row, history_);
     if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
       stats.finish_reason = "stop";
       break;

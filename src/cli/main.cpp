@@ -4,6 +4,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <exception>
+#include <new>
+
 #include "cli/commands.h"
 
 #ifndef KILN_VERSION
@@ -32,7 +35,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    fmt::print(stderr, "kiln: error: {} (see --help)\n", e.what());
+    return e.get_exit_code();
   }
 
   auto logger = spdlog::stderr_color_mt("kiln");
@@ -41,7 +46,14 @@ int main(int argc, char** argv) {
   spdlog::set_level(verbosity >= 2 ? spdlog::level::debug : verbosity == 1 ? spdlog::level::info : spdlog::level::warn);
 
   if (!action) return 0;
-  kiln::Status status = action();
+  kiln::Status status;
+  try {
+    status = action();
+  } catch (const std::bad_alloc&) {  // a last resort: errors are returned, not thrown
+    status = kiln::make_error("out of memory");
+  } catch (const std::exception& e) {
+    status = kiln::make_error("{}", e.what());
+  }
   if (!status) {
     fmt::print(stderr, "kiln: error: {}\n", status.error().message);
     return 1;

@@ -9,7 +9,12 @@ namespace {
 Result<int> read_int(const nlohmann::json& j, const char* key, int fallback, const std::string& where) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   if (!j[key].is_number_integer()) return make_error("{}: '{}' must be an integer, got {}", where, key, j[key].dump());
-  return j[key].get<int>();
+  // read wide, so that a value past int's range is refused rather than wrapped to a valid one
+  const bool in_range = j[key].is_number_unsigned()
+                            ? j[key].get<uint64_t>() <= uint64_t(INT32_MAX)
+                            : j[key].get<int64_t>() >= INT32_MIN && j[key].get<int64_t>() <= INT32_MAX;
+  if (!in_range) return make_error("{}: '{}' = {} is out of range", where, key, j[key].dump());
+  return int(j[key].get<int64_t>());
 }
 
 }  // namespace

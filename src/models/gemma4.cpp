@@ -29,6 +29,10 @@ Gemma4RopeConfig parse_rope(ConfigReader& parent, const nlohmann::json& j, const
   if (!r.status()) parent.fail(r.status().error().message);
   if (c.rope_type != "default" && c.rope_type != "proportional")
     parent.fail("rope_type '" + c.rope_type + "' is not supported (default, proportional)");
+  if (!(c.partial_rotary_factor >= 0.0 && c.partial_rotary_factor <= 1.0))
+    parent.fail(fmt::format("partial_rotary_factor {} must be within [0, 1]", c.partial_rotary_factor));
+  if (!(c.rope_theta > 0.0) || !std::isfinite(c.rope_theta) || !(c.factor > 0.0) || !std::isfinite(c.factor))
+    parent.fail(fmt::format("rope_theta {} and factor {} must be positive", c.rope_theta, c.factor));
   return c;
 }
 
@@ -165,6 +169,21 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
   }
   if (c.enable_moe_block && (c.num_experts <= 0 || c.top_k_experts <= 0 || c.top_k_experts > c.num_experts))
     return make_error("{}: top_k_experts {} of {} experts", file.path, c.top_k_experts, c.num_experts);
+  if (c.intermediate_size <= 0 || (c.enable_moe_block && c.moe_intermediate_size <= 0))
+    return make_error("{}: the MLP's intermediate size must be positive", file.path);
+  if (c.hidden_size_per_layer_input < 0 || (c.hidden_size_per_layer_input > 0 && c.vocab_size_per_layer_input <= 0))
+    return make_error("{}: per-layer input sizes must be positive", file.path);
+  if (c.sliding_window <= 0) return make_error("{}: sliding_window {} must be positive", file.path, c.sliding_window);
+  if (!(c.rms_norm_eps > 0.0) || !std::isfinite(c.rms_norm_eps))
+    return make_error("{}: rms_norm_eps {} must be positive", file.path, c.rms_norm_eps);
+  if (c.final_logit_softcapping && !(*c.final_logit_softcapping > 0.0))
+    return make_error("{}: final_logit_softcapping {} must be positive", file.path, *c.final_logit_softcapping);
+  // one rotary table per attention type (as transformers builds them), so one head_dim per type
+  for (const auto& layer : c.layers)
+    for (const auto& other : c.layers)
+      if (layer.sliding == other.sliding && layer.head_dim != other.head_dim)
+        return make_error("{}: {} layers have head_dim {} and {}; one attention type needs one head_dim", file.path,
+                          layer.sliding ? "sliding" : "full", layer.head_dim, other.head_dim);
   return c;
 }
 

@@ -80,6 +80,20 @@ Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file) {
                       c.linear_num_value_heads, c.linear_num_key_heads);
   if (c.num_experts > 0 && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts))
     return make_error("{}: num_experts_per_tok {} of {} experts", file.path, c.num_experts_per_tok, c.num_experts);
+  if (c.num_experts < 0) return make_error("{}: num_experts {} must not be negative", file.path, c.num_experts);
+  if (c.num_experts > 0 ? c.moe_intermediate_size <= 0 || c.shared_expert_intermediate_size < 0
+                        : c.intermediate_size <= 0)
+    return make_error("{}: the MLP's intermediate size must be positive", file.path);
+  if (c.linear_key_head_dim <= 0 || c.linear_value_head_dim <= 0 || c.linear_num_value_heads <= 0)
+    return make_error("{}: linear attention head sizes must be positive", file.path);
+  if (c.linear_conv_kernel_dim < 1)
+    return make_error("{}: linear_conv_kernel_dim {} must be positive", file.path, c.linear_conv_kernel_dim);
+  if (!(c.partial_rotary_factor >= 0.0 && c.partial_rotary_factor <= 1.0))
+    return make_error("{}: partial_rotary_factor {} must be within [0, 1]", file.path, c.partial_rotary_factor);
+  if (!(c.rope_theta > 0.0) || !std::isfinite(c.rope_theta))
+    return make_error("{}: rope_theta {} must be positive", file.path, c.rope_theta);
+  if (!(c.rms_norm_eps > 0.0) || !std::isfinite(c.rms_norm_eps))
+    return make_error("{}: rms_norm_eps {} must be positive", file.path, c.rms_norm_eps);
   return c;
 }
 

@@ -248,9 +248,12 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
   const QuantSpec base_spec{.quantized = true, .bits = options.bits, .group_size = options.group_size};
   nlohmann::json qblock = {{"group_size", options.group_size}, {"bits", options.bits}, {"mode", "affine"}};
   QuantizeReport report;
+  std::vector<bool> override_used(options.overrides.size(), false);
+  std::string some_module;  // for the message of an override that matches nothing
   for (Planned& p : plan) {
     if (!ends_with(p.name, ".weight") || p.shape.rank() < 2) continue;
     const std::string module = p.name.substr(0, p.name.size() - 7);
+    if (some_module.empty() || module.find("layers.0.") != std::string::npos) some_module = module;
     QuantSpec spec{};
     if (p.shape[-1] % options.group_size == 0) {
       spec = base_spec;
@@ -258,8 +261,10 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
           (moe && (ends_with(module, "mlp.gate") || ends_with(module, "shared_expert_gate"))))
         spec = QuantSpec{.quantized = true, .bits = 8, .group_size = 64};
     }
-    for (const auto& o : options.overrides) {
+    for (size_t i = 0; i < options.overrides.size(); ++i) {
+      const QuantOverride& o = options.overrides[i];
       if (fnmatch(o.glob.c_str(), module.c_str(), 0) != 0) continue;
+      override_used[i] = true;
       spec = o.bits == 0 ? QuantSpec{}
                          : QuantSpec{.quantized = true,
                                      .bits = o.bits,
@@ -277,6 +282,10 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
       qblock[module] = false;
     }
   }
+  for (size_t i = 0; i < options.overrides.size(); ++i)
+    if (!override_used[i])
+      return make_error("override '{}' matches no module of the model (modules are named as in the output, e.g. '{}')",
+                        options.overrides[i].glob, some_module);
   std::sort(plan.begin(), plan.end(), [](const Planned& a, const Planned& b) { return a.name < b.name; });
 
   // shards in name order, each at most shard_bytes (a larger tensor gets one to itself)

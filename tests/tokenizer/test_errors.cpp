@@ -29,6 +29,19 @@ Status status_of(const Result<T>& result) {
   return result.error();
 }
 
+// An empty vocabulary, and ids far past the vocabulary's size (the id table would take gigabytes),
+// are refused when the tokenizer loads.
+TEST(Errors, VocabularyWithoutTokensOrWithAStrayHugeId) {
+  for (const auto& [vocab, fragment] : std::vector<std::pair<json, std::string>>{
+           {json::object(), "model.vocab is empty"},
+           {json{{"a", 0}, {"b", 1}, {"ab", 1000000000}}, "ids reach 1000000000 for 3 tokens"}}) {
+    std::string error;
+    EXPECT_EQ(toy_tokenizer(vocab, json::array(), json::object(), &error), nullptr);
+    EXPECT_NE(error.find(fragment), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+}
+
 TEST(Errors, InvalidUtf8IsAnErrorNotACrash) {
   auto tokenizer = small_tokenizer();
   ASSERT_TRUE(tokenizer);

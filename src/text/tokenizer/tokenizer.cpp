@@ -43,6 +43,10 @@ Result<std::unique_ptr<BpeModel>> build_model(const json& spec, TokenizerJson& p
     return make_error("unsupported model type '{}' (kiln implements BPE)", type.empty() ? "?" : type);
   if (!parsed.has_vocab) return make_error("model has no vocab");
   if (!parsed.has_merges) return make_error("model has no merges");
+  if (parsed.vocab.size() == 0) return make_error("model.vocab is empty");
+  // ids index a table of max id + 1 entries: a stray huge id must not allocate gigabytes
+  if (uint64_t(parsed.vocab.max_id()) >= 4 * uint64_t(parsed.vocab.size()) + 65536)
+    return make_error("model.vocab: ids reach {} for {} tokens", parsed.vocab.max_id(), parsed.vocab.size());
   if (spec.contains("dropout") && spec["dropout"].is_number() && spec["dropout"].get<double>() > 0)
     return make_error("BPE dropout is not supported (it randomizes encoding)");
   BpeOptions options;

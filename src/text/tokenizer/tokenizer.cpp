@@ -164,7 +164,11 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
   } catch (const std::exception& e) {
     built = make_error("malformed: {}", e.what());
   }
-  if (!built) return make_error("{}: {}", files.name, one_line(built.error().message));
+  if (!built) {
+    const std::string message = one_line(built.error().message);
+    if (message.starts_with(files.name + ": ")) return make_error("{}", message);  // named already
+    return make_error("{}: {}", files.name, message);
+  }
 
   // bos/eos from tokenizer_config.json and generation_config.json, both optional
   json config = json::object();

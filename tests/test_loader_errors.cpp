@@ -261,6 +261,7 @@ TEST(LoaderErrors, CliReportsOneLineAndFails) {
            {"logits " + fixture_path("gemma4_dense") + " --ids 1,2 --out " + out + " --threads 100000", "--threads"},
            {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --temp nan", "'nan' is not a finite number"},
            {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --max-tokens 0", "must be positive, got 0"},
+           {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --prompt hi", "excludes"},
            {"tokenize " + bundled + " --file " + tmp.path(), "is a directory"},
            {"quantize " + fixture_path("qwen3_5_dense") + " " + tmp.path() + "/q --override 'model.layers.0.mlp=8'",
             "matches no module"},

@@ -101,9 +101,9 @@ void add_generate_command(CLI::App& app, Action& action) {
   auto options = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
   cmd->add_option("model_dir", options->model_dir, "Model directory (default: the bundled demo model)");
-  cmd->add_option("--prompt", options->prompt, "The prompt (a user message unless --raw)");
+  auto* prompt = cmd->add_option("--prompt", options->prompt, "The prompt (a user message unless --raw)");
   cmd->add_flag("--raw", options->raw, "Feed the prompt as it is, without the chat template");
-  cmd->add_option("--ids", options->ids, "Comma-separated prompt token ids; prints generated ids");
+  cmd->add_option("--ids", options->ids, "Comma-separated prompt token ids; prints generated ids")->excludes(prompt);
   add_sampling_options(*cmd, options->generation);
   add_run_options(*cmd, options->run);
   cmd->callback([options, &action] {

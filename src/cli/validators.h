@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
@@ -14,46 +15,29 @@ namespace kiln::cli {
 // The most worker threads a command takes (more fail to start on ordinary systems).
 constexpr int kMaxThreads = 1024;
 
-// An error message unless `text` is a finite number.
-inline std::string check_number(const std::string& text) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
-    return fmt::format("'{}' is not a finite number", text);
-  return "";
+// A finite number in [lo, hi] (lo excluded when `open_lo`); `requirement` says so in the error.
+inline CLI::Validator finite_number(double lo, double hi, bool open_lo, std::string requirement) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
+          return fmt::format("'{}' is not a finite number", text);
+        if (v < lo || v > hi || (open_lo && v == lo)) return fmt::format("must be {}, got {}", requirement, text);
+        return "";
+      },
+      requirement, requirement);
 }
 
 inline CLI::Validator positive_number() {
-  return CLI::Validator(
-      [](std::string& s) {
-        const std::string e = check_number(s);
-        if (!e.empty()) return e;
-        return std::strtod(s.c_str(), nullptr) > 0 ? std::string() : fmt::format("must be positive, got {}", s);
-      },
-      "POSITIVE", "positive");
+  return finite_number(0, HUGE_VAL, true, "positive");
 }
-
 inline CLI::Validator non_negative_number() {
-  return CLI::Validator(
-      [](std::string& s) {
-        const std::string e = check_number(s);
-        if (!e.empty()) return e;
-        return std::strtod(s.c_str(), nullptr) >= 0 ? std::string() : fmt::format("must not be negative, got {}", s);
-      },
-      "NONNEGATIVE", "non-negative");
+  return finite_number(0, HUGE_VAL, false, "non-negative");
 }
-
-// lo <= value <= hi
 inline CLI::Validator number_in(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& s) {
-        const std::string e = check_number(s);
-        if (!e.empty()) return e;
-        const double v = std::strtod(s.c_str(), nullptr);
-        return v >= lo && v <= hi ? std::string() : fmt::format("must be within [{}, {}], got {}", lo, hi, s);
-      },
-      fmt::format("[{} - {}]", lo, hi), "range");
+  return finite_number(lo, hi, false, fmt::format("within [{}, {}]", lo, hi));
 }
 
 }  // namespace kiln::cli

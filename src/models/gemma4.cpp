@@ -179,11 +179,14 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
   if (c.final_logit_softcapping && !(*c.final_logit_softcapping > 0.0))
     return make_error("{}: final_logit_softcapping {} must be positive", file.path, *c.final_logit_softcapping);
   // one rotary table per attention type (as transformers builds them), so one head_dim per type
-  for (const auto& layer : c.layers)
-    for (const auto& other : c.layers)
-      if (layer.sliding == other.sliding && layer.head_dim != other.head_dim)
-        return make_error("{}: {} layers have head_dim {} and {}; one attention type needs one head_dim", file.path,
-                          layer.sliding ? "sliding" : "full", layer.head_dim, other.head_dim);
+  int64_t type_head_dim[2] = {0, 0};  // full, sliding
+  for (const auto& layer : c.layers) {
+    int64_t& first = type_head_dim[layer.sliding];
+    if (first == 0) first = layer.head_dim;
+    if (layer.head_dim != first)
+      return make_error("{}: {} layers have head_dim {} and {}; one attention type needs one head_dim", file.path,
+                        layer.sliding ? "sliding" : "full", first, layer.head_dim);
+  }
   return c;
 }
 

@@ -253,7 +253,7 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
   for (Planned& p : plan) {
     if (!ends_with(p.name, ".weight") || p.shape.rank() < 2) continue;
     const std::string module = p.name.substr(0, p.name.size() - 7);
-    if (some_module.empty() || module.find("layers.0.") != std::string::npos) some_module = module;
+    if (some_module.empty()) some_module = module;
     QuantSpec spec{};
     if (p.shape[-1] % options.group_size == 0) {
       spec = base_spec;

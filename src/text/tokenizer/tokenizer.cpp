@@ -137,7 +137,7 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
   const auto start = std::chrono::steady_clock::now();
   std::shared_ptr<Tokenizer> tokenizer(new Tokenizer());
   auto build = [&]() -> Status {
-    KILN_ASSIGN(TokenizerJson parsed, parse_tokenizer_json(files.tokenizer_json, files.name));
+    KILN_ASSIGN(TokenizerJson parsed, parse_tokenizer_json(files.tokenizer_json));
     const json& document = parsed.document;
     auto section = [&](const char* name) { return document.contains(name) ? document[name] : json(); };
     for (const char* ignored : {"truncation", "padding"})
@@ -164,11 +164,7 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
   } catch (const std::exception& e) {
     built = make_error("malformed: {}", e.what());
   }
-  if (!built) {
-    const std::string message = one_line(built.error().message);
-    if (message.starts_with(files.name + ": ")) return make_error("{}", message);  // named already
-    return make_error("{}: {}", files.name, message);
-  }
+  if (!built) return make_error("{}: {}", files.name, one_line(built.error().message));
 
   // bos/eos from tokenizer_config.json and generation_config.json, both optional
   json config = json::object();

@@ -202,18 +202,18 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
 
 }  // namespace
 
-Result<TokenizerJson> parse_tokenizer_json(std::string_view text, const std::string& name) {
+Result<TokenizerJson> parse_tokenizer_json(std::string_view text) {
   TokenizerJson out;
   TokenizerJsonReader reader(out);
   bool ok = false;
   try {
     ok = json::sax_parse(text, &reader);
   } catch (const std::exception& e) {
-    return make_error("{}: {}", name, e.what());
+    return make_error("{}", e.what());
   }
   if (ok) ok = reader.resolve_pending_merges();
-  if (!ok) return make_error("{}: {}", name, reader.error().empty() ? "invalid JSON" : reader.error());
-  if (!out.document.is_object()) return make_error("{}: not a JSON object", name);
+  if (!ok) return make_error("{}", reader.error().empty() ? "invalid JSON" : reader.error());
+  if (!out.document.is_object()) return make_error("not a JSON object");
   return out;
 }
 

@@ -23,8 +23,8 @@ struct TokenizerJson {
   bool has_merges = false;
 };
 
-// `name` (a path) prefixes error messages.
-Result<TokenizerJson> parse_tokenizer_json(std::string_view text, const std::string& name);
+// Errors name what is wrong inside the document; the caller prefixes the file.
+Result<TokenizerJson> parse_tokenizer_json(std::string_view text);
 
 // Parses a small JSON file (tokenizer_config.json, generation_config.json).
 Result<nlohmann::json> parse_json(std::string_view text, const std::string& name);

@@ -1,5 +1,7 @@
 // Bad model directories: each gives a one-line error that names the file or tensor at fault,
 // from the library and from the CLI (non-zero exit), never a crash.
+#include <sys/stat.h>
+
 #include <fstream>
 
 #include "backend/cpu/cpu_backend.h"
@@ -252,6 +254,14 @@ TEST(LoaderErrors, CliReportsOneLineAndFails) {
   const auto bytes = read_file(truncated + "/model.safetensors");
   write_file(truncated + "/model.safetensors", bytes.substr(0, bytes.size() - 100));
   const std::string out = tmp.path() + "/out.npy", bundled = source_dir() + "/models/kiln-kjv-31m";
+  // a FIFO where a file belongs would block a reader forever
+  std::filesystem::create_directory(tmp.path() + "/fifo");
+  const auto fifo_model = tmp.copy_fixture("gemma4_dense", "fifo/model");
+  std::filesystem::remove(fifo_model + "/model.safetensors");
+  ASSERT_EQ(::mkfifo((fifo_model + "/model.safetensors").c_str(), 0600), 0);
+  const auto fifo_config = tmp.copy_fixture("gemma4_dense", "fifo/config");
+  std::filesystem::remove(fifo_config + "/config.json");
+  ASSERT_EQ(::mkfifo((fifo_config + "/config.json").c_str(), 0600), 0);
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"logits " + truncated + " --ids 1,2,3 --out " + out, "model.safetensors is truncated"},
            {"logits /nonexistent --ids 1,2,3 --out " + out, "config.json"},
@@ -262,16 +272,35 @@ TEST(LoaderErrors, CliReportsOneLineAndFails) {
            {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --temp nan", "'nan' is not a finite number"},
            {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --max-tokens 0", "must be positive, got 0"},
            {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --prompt hi", "excludes"},
+           {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --logit-bias 5", "is not ID=BIAS"},
+           {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --logit-bias 5=101", "is not ID=BIAS"},
+           {"generate " + fixture_path("gemma4_dense") + " --ids 1,2 --logit-bias 99999=1", "outside the vocabulary"},
+           {"logits " + fifo_model + " --ids 1,2 --out " + out, "model.safetensors is not a regular file"},
+           {"logits " + fifo_config + " --ids 1,2 --out " + out, "config.json is not a regular file"},
            {"tokenize " + bundled + " --file " + tmp.path(), "is a directory"},
            {"quantize " + fixture_path("qwen3_5_dense") + " " + tmp.path() + "/q --override 'model.layers.0.mlp=8'",
             "matches no module"},
        }) {
-    auto r = run_command(std::string(KILN_BINARY) + " " + args);
+    auto r = run_command("timeout 120 " + std::string(KILN_BINARY) + " " + args);  // a blocked read fails
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_EQ(r.output.rfind("kiln: error: ", 0), 0u) << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
   }
+}
+
+TEST(CliSampling, LogitBiasSteersGreedyIds) {
+  const std::string base = std::string(KILN_BINARY) + " generate " + fixture_path("gemma4_dense") +
+                           " --ids 1,2,3 --max-tokens 3 --temp 0 --device cpu";
+  const auto steered = run_command(base + " --logit-bias 7=100", false);
+  ASSERT_EQ(steered.exit_code, 0) << steered.output;
+  EXPECT_EQ(steered.output, "[7,7,7]\n");
+  const auto plain = run_command(base, false);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const std::string first = plain.output.substr(1, plain.output.find_first_of(",]") - 1);
+  const auto banned = run_command(base + " --logit-bias " + first + "=-100", false);
+  ASSERT_EQ(banned.exit_code, 0) << banned.output;
+  EXPECT_NE(banned.output.substr(1, banned.output.find_first_of(",]") - 1), first) << plain.output << banned.output;
 }
 
 }  // namespace

@@ -25,6 +25,19 @@ TEST(Sampler, GreedyAndPenalties) {
   EXPECT_EQ(presence.sample(logits, twice), 1);  // 3 - 0.5 = 2.5
 }
 
+TEST(Sampler, LogitBiasComesFirst) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, -1.0f};
+  Sampler lifted({.temperature = 0.0f, .logit_bias = {{3, 4.5f}}});
+  EXPECT_EQ(lifted.sample(logits, {}), 3);  // -1 + 4.5 = 3.5
+  // a ban holds at any temperature; an id past the logits is ignored
+  Sampler banned({.temperature = 1.0f, .logit_bias = {{1, -100.0f}, {2, -100.0f}, {0, -100.0f}, {9, 50.0f}}});
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(banned.sample(logits, {}), 3);
+  // the bias applies before the repetition penalty: (3 - 2) / 2 = 0.5 < 1
+  Sampler ordered({.temperature = 0.0f, .repetition_penalty = 2.0f, .logit_bias = {{1, -2.0f}, {2, -1.5f}}});
+  const std::vector<int32_t> seen = {1};
+  EXPECT_EQ(ordered.sample(logits, seen), 0);
+}
+
 TEST(Sampler, SameSeedSameChoices) {
   std::vector<float> logits(50);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(float(i));

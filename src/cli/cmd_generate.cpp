@@ -45,6 +45,7 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text) {
 Status generate_ids(const GenerateOptions& o, Backend& backend) {
   KILN_ASSIGN(auto ids, parse_id_list(o.ids));
   KILN_ASSIGN(auto model, load_model(o.model_dir, backend));
+  KILN_TRY(check_logit_bias(o.generation.sampling, model->info().vocab_size));
   const int64_t context = int64_t(ids.size()) + o.generation.max_tokens + 1;
   KILN_ASSIGN(auto state, model->new_sequence(context));
   Sampler sampler(o.generation.sampling);
@@ -83,7 +84,7 @@ Status run_generate(const GenerateOptions& o) {
   KILN_ASSIGN(auto prompt, tokenizer->encode(text, add_special));
   const int64_t context =
       o.generation.context > 0 ? o.generation.context : int64_t(prompt.size()) + o.generation.max_tokens + 1;
-  KILN_ASSIGN(auto session, TextSession::open(o.model_dir, *backend, context));
+  KILN_ASSIGN(auto session, TextSession::open(o.model_dir, *backend, context, tokenizer));
   KILN_ASSIGN(GenerationStats stats, session->generate(prompt, o.generation, [](const std::string& piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);

@@ -49,6 +49,10 @@ Status run_logits(const LogitsOptions& o) {
   ModelOptions model_options;
   model_options.max_chunk_tokens = o.prefill_chunk > 0 ? o.prefill_chunk : std::max<int64_t>(1, int64_t(ids.size()));
   KILN_ASSIGN(auto model, load_model(o.model_dir, *backend, model_options));
+  // transformers computes such positions too, so this is a warning, not an error
+  const int64_t trained = model->info().max_position_embeddings;
+  if (trained > 0 && int64_t(ids.size()) > trained)
+    spdlog::warn("{} ids run past the model's max_position_embeddings ({})", ids.size(), trained);
   KILN_ASSIGN(auto state, model->new_sequence(int64_t(ids.size())));
   KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, model_options.max_chunk_tokens, LogitRows::all));
   KILN_TRY(write_npy_f32(o.out, logits.data_as<float>(), {logits.dim(0), logits.dim(1)}));

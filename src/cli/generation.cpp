@@ -1,6 +1,7 @@
 #include "cli/generation.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 
@@ -9,6 +10,25 @@
 #include "runtime/stop_strings.h"
 
 namespace kiln::cli {
+
+namespace {
+
+// "ID=BIAS", as OpenAI's logit_bias takes it: a token id and a bias in [-100, 100].
+std::optional<std::pair<int32_t, float>> parse_logit_bias(const std::string& item) {
+  const size_t eq = item.find('=');
+  if (eq == std::string::npos) return std::nullopt;
+  const char* end = item.data() + item.size();
+  int64_t id = -1;
+  double bias = NAN;
+  const auto id_read = std::from_chars(item.data(), item.data() + eq, id);
+  const auto bias_read = std::from_chars(item.data() + eq + 1, end, bias);
+  if (id_read.ec != std::errc() || id_read.ptr != item.data() + eq || id < 0 || id > INT32_MAX) return std::nullopt;
+  if (bias_read.ec != std::errc() || bias_read.ptr != end || !std::isfinite(bias) || std::abs(bias) > 100)
+    return std::nullopt;
+  return std::pair{int32_t(id), float(bias)};
+}
+
+}  // namespace
 
 void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
   cmd.add_option("--max-tokens", o.max_tokens, "Most tokens to generate")->check(positive_number());
@@ -22,16 +42,39 @@ void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
       ->check(number_in(-2.0, 2.0));
   cmd.add_option("--frequency-penalty", o.sampling.frequency_penalty, "OpenAI's frequency penalty")
       ->check(number_in(-2.0, 2.0));
+  cmd.add_option_function<std::vector<std::string>>(
+         "--logit-bias",
+         [&o](const std::vector<std::string>& items) {
+           for (const std::string& item : items) {
+             auto bias = parse_logit_bias(item);
+             if (!bias)
+               throw CLI::ValidationError("--logit-bias", "'" + item + "' is not ID=BIAS, BIAS in [-100, 100]");
+             o.sampling.logit_bias.push_back(*bias);
+           }
+         },
+         "Add BIAS (-100 to 100) to token ID's logit before sampling (repeatable)")
+      ->type_name("ID=BIAS");
   cmd.add_option("--seed", o.sampling.seed, "Random seed (same seed, same output)");
   cmd.add_option("--stop", o.stops, "Stop when the text contains this (repeatable)");
   cmd.add_option("--ctx", o.context, "Context size in tokens (default: enough for the request)")
       ->check(non_negative_number());
 }
 
-Result<std::unique_ptr<TextSession>> TextSession::open(const std::string& model_dir, Backend& backend,
-                                                       int64_t context) {
+Status check_logit_bias(const SamplingParams& sampling, int64_t vocab_size) {
+  for (const auto& [id, bias] : sampling.logit_bias)
+    if (id >= vocab_size)
+      return make_error("--logit-bias: token {} is outside the vocabulary of {} tokens", id, vocab_size);
+  return ok_status();
+}
+
+Result<std::unique_ptr<TextSession>> TextSession::open(const std::string& model_dir, Backend& backend, int64_t context,
+                                                       std::shared_ptr<const Tokenizer> tokenizer) {
   auto session = std::make_unique<TextSession>();
-  KILN_ASSIGN(session->tokenizer_, Tokenizer::load(model_dir));
+  if (tokenizer) {
+    session->tokenizer_ = std::move(tokenizer);
+  } else {
+    KILN_ASSIGN(session->tokenizer_, Tokenizer::load(model_dir));
+  }
   auto tmpl = ChatTemplate::load(model_dir);
   if (tmpl.ok()) session->chat_template_ = std::move(tmpl).value();
   KILN_ASSIGN(session->model_, load_model(model_dir, backend));
@@ -74,6 +117,7 @@ Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt
   GenerationStats stats;
   stats.prompt_tokens = int64_t(prompt.size());
   const int64_t vocab = model_->info().vocab_size;
+  KILN_TRY(check_logit_bias(options.sampling, vocab));
   const auto t0 = std::chrono::steady_clock::now();
   KILN_ASSIGN(Tensor logits, run_tokens(*model_, *state_, prompt, 0, LogitRows::last));
   history_.insert(history_.end(), prompt.begin(), prompt.end());

@@ -35,9 +35,14 @@ struct GenerationStats {
 // Options shared by generate and chat.
 void add_sampling_options(CLI::App& command, GenerationOptions& options);
 
+// Refuses a --logit-bias token outside the model's vocabulary (the sampler would skip it silently).
+Status check_logit_bias(const SamplingParams& sampling, int64_t vocab_size);
+
 class TextSession {
  public:
-  static Result<std::unique_ptr<TextSession>> open(const std::string& model_dir, Backend& backend, int64_t context);
+  // `tokenizer`: one already loaded from model_dir, so its warnings are not printed twice.
+  static Result<std::unique_ptr<TextSession>> open(const std::string& model_dir, Backend& backend, int64_t context,
+                                                   std::shared_ptr<const Tokenizer> tokenizer = nullptr);
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ChatTemplate* chat_template() const { return chat_template_ ? &*chat_template_ : nullptr; }

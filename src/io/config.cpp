@@ -2,6 +2,8 @@
 
 #include <fstream>
 
+#include "core/files.h"
+
 namespace kiln {
 
 const nlohmann::json* ConfigReader::find(const std::string& key, const char* kind) {
@@ -97,6 +99,7 @@ std::vector<int64_t> ConfigReader::get_ints(const std::string& key) {
 }
 
 Result<ModelConfigFile> read_model_config(const std::string& model_dir) {
+  KILN_TRY(require_regular_file_if_present(model_dir + "/config.json"));
   std::ifstream probe(model_dir + "/config.json");
   if (!probe) return make_error("missing file {}/config.json (is {} a model directory?)", model_dir, model_dir);
   return read_model_config_file(model_dir + "/config.json");
@@ -105,6 +108,7 @@ Result<ModelConfigFile> read_model_config(const std::string& model_dir) {
 Result<ModelConfigFile> read_model_config_file(const std::string& path) {
   ModelConfigFile cfg;
   cfg.path = path;
+  KILN_TRY(require_regular_file_if_present(cfg.path));
   std::ifstream in(cfg.path);
   if (!in) return make_error("cannot read {}", cfg.path);
   try {

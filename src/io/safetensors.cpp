@@ -10,6 +10,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
+
 namespace kiln {
 
 namespace {
@@ -63,6 +65,7 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+  KILN_TRY(require_regular_file_if_present(path));
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return make_error("missing file {}", path);

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
+
 namespace kiln {
 
 namespace {
@@ -51,6 +53,7 @@ Result<WeightStore> WeightStore::open(const std::string& dir) {
   const std::string index_path = dir + "/model.safetensors.index.json";
 
   if (file_exists(index_path)) {
+    KILN_TRY(require_regular_file_if_present(index_path));
     std::ifstream in(index_path);
     nlohmann::json index;
     try {

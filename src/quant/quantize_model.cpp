@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/files.h"
 #include "core/thread_pool.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -351,6 +352,7 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
   for (const char* aux : kAuxFiles) {
     const fs::path src = fs::path(in_dir) / aux;
     if (!fs::exists(src)) continue;
+    KILN_TRY(require_regular_file_if_present(src.string()));
     fs::copy_file(src, fs::path(out_dir) / aux, fs::copy_options::overwrite_existing, ec);
     if (ec) return make_error("cannot copy {} to {}: {}", src.string(), out_dir, ec.message());
   }

@@ -12,6 +12,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   work_.assign(logits.begin(), logits.end());
   const SamplingParams& p = params_;
 
+  for (const auto& [token, bias] : p.logit_bias)
+    if (token >= 0 && token < n) work_[size_t(token)] += bias;
   // penalties, in transformers' order: repetition first, then the additive ones
   if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     std::unordered_map<int32_t, int> counts;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -17,6 +18,8 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // transformers': divide positive logits, multiply negative ones
   float presence_penalty = 0.0f;    // OpenAI's: subtract once for every token already present
   float frequency_penalty = 0.0f;   // OpenAI's: subtract per occurrence
+  // OpenAI's logit_bias: (token id, bias) added to the logits before the penalties; -100 bans a token.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
 };
 

@@ -58,10 +58,10 @@ void Generation::finish(FinishReason reason, std::string error) {
 
 namespace {
 
-// Greedy without penalties: the next token is the argmax of the logits alone.
+// Greedy without penalties or biases: the next token is the argmax of the logits alone.
 bool plain_greedy(const SamplingParams& p) {
   return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f;
+         p.frequency_penalty == 0.0f && p.logit_bias.empty();
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The OpenAI API: /v1/chat/completions and /v1/completions, streamed and not.
 #include <httplib.h>
 
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <random>
 
@@ -165,6 +167,24 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
   });
 }
 
+// OpenAI's logit_bias: {"token id": bias between -100 and 100}. The ids are checked against the
+// model's vocabulary when the generation starts.
+void read_logit_bias(RequestFields& fields, std::vector<std::pair<int32_t, float>>& out) {
+  const json* biases = fields.object("logit_bias");
+  if (!biases) return;
+  for (const auto& [key, value] : biases->items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX)
+      return fields.fail("logit_bias", "'logit_bias' keys must be token ids (non-negative integers)");
+    const double bias = value.is_number() ? value.get<double>() : NAN;
+    if (!std::isfinite(bias) || bias < -100 || bias > 100)
+      return fields.fail("logit_bias",
+                         fmt::format("'logit_bias' of token {} must be a number between -100 and 100", id));
+    out.emplace_back(int32_t(id), float(bias));
+  }
+}
+
 // Fields both endpoints read: stream, stream_options, n, stop, max_tokens, sampling.
 void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request, int64_t default_max_tokens) {
   fields.boolean("stream", ex.stream);
@@ -181,6 +201,7 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
   fields.integer("max_tokens", 1, INT32_MAX, request.max_tokens);
   if (ex.chat) fields.integer("max_completion_tokens", 1, INT32_MAX, request.max_tokens);
   request.sampling = read_sampling(fields, 1.0f);
+  read_logit_bias(fields, request.sampling.logit_bias);
 }
 
 }  // namespace

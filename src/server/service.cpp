@@ -181,6 +181,11 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                                request.max_tokens, context()),
         .param = "max_tokens",
         .code = "context_length_exceeded"};
+  const int64_t vocab = model_.scheduler->model().info().vocab_size;
+  for (const auto& [id, bias] : request.sampling.logit_bias)
+    if (id >= vocab)
+      return bad_request(fmt::format("'logit_bias' names token {}, outside the vocabulary of {} tokens", id, vocab),
+                         "logit_bias");
   GenerationParams params{.prompt = request.prompt.ids, .sampling = request.sampling, .max_tokens = request.max_tokens};
   if (model_.tokenizer) params.stop_ids = model_.tokenizer->eos_ids();
   auto generation = model_.scheduler->submit(std::move(params));

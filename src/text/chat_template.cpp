@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/files.h"
+
 namespace kiln {
 
 namespace {
@@ -16,6 +18,7 @@ constexpr const char* kSpecialTokenNames[] = {"bos_token", "eos_token", "unk_tok
                                               "pad_token", "cls_token", "mask_token"};
 
 Result<std::string> read_file(const fs::path& path) {
+  KILN_TRY(require_regular_file_if_present(path.string()));
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error("cannot read {}", path.string());
   std::ostringstream text;

@@ -170,6 +170,16 @@ test('tool definitions and a tool-call round trip', async () => {
   assert.ok(none.usage.prompt_tokens < second.usage.prompt_tokens);
 });
 
+test('logit_bias steers and bans tokens', async () => {
+  const request = { model: modelName, prompt: [1, 2, 3], max_tokens: 4, temperature: 0, return_token_ids: true };
+  const plain = await openai.completions.create(request);
+  const steered = await openai.completions.create({ ...request, logit_bias: { 42: 100 } });
+  assert.deepEqual(steered.choices[0].token_ids, [42, 42, 42, 42]);
+  const first = plain.choices[0].token_ids[0];
+  const banned = await openai.completions.create({ ...request, logit_bias: { [first]: -100 } });
+  assert.ok(!banned.choices[0].token_ids.includes(first), JSON.stringify(banned.choices[0].token_ids));
+});
+
 test('bad requests get OpenAI error objects', async () => {
   const expectError = async (promise, status, pattern) => {
     await assert.rejects(promise, (e) => {
@@ -186,6 +196,10 @@ test('bad requests get OpenAI error objects', async () => {
   await expectError(openai.chat.completions.create({ model: modelName, messages: [{ role: 'user', content: 'hi' }], n: 2 }), 400, /'n'/);
   await expectError(openai.completions.create({ model: modelName, prompt: longText.repeat(4), max_tokens: 4 }), 400, /context/);
   await expectError(openai.completions.create({ model: modelName, prompt: [1, 2, 99999999], max_tokens: 4 }), 400, /token ids/);
+  const hi = { model: modelName, messages: [{ role: 'user', content: 'hi' }] };
+  await expectError(openai.chat.completions.create({ ...hi, logit_bias: { abc: 1 } }), 400, /logit_bias/);
+  await expectError(openai.chat.completions.create({ ...hi, logit_bias: { 5: 101 } }), 400, /logit_bias/);
+  await expectError(openai.chat.completions.create({ ...hi, logit_bias: { 99999999: 1 } }), 400, /logit_bias.*vocabulary/);
   const raw = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
   assert.equal(raw.status, 400);
   assert.match((await raw.json()).error.message, /JSON/);

@@ -186,8 +186,14 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
   if (generation.is_object() && generation.contains("eos_token_id")) {
     const json& ids = generation["eos_token_id"];
     for (const json& id : ids.is_array() ? ids : json::array({ids})) {
-      if (!id.is_number_integer()) continue;
-      const auto value = int32_t(id.get<int64_t>());
+      // an id the tokenizer lacks is kept: the model's (padded) vocabulary may still produce it
+      if (id.is_null()) continue;
+      const int64_t raw = id.is_number_integer() ? id.get<int64_t>() : -1;
+      if (raw < 0 || raw > INT32_MAX) {
+        spdlog::warn("generation_config.json: eos_token_id {} is not a token id; it is ignored", id.dump());
+        continue;
+      }
+      const auto value = int32_t(raw);
       if (std::find(tokenizer->eos_ids_.begin(), tokenizer->eos_ids_.end(), value) == tokenizer->eos_ids_.end())
         tokenizer->eos_ids_.push_back(value);
     }

@@ -38,6 +38,24 @@ TEST(Sampler, LogitBiasComesFirst) {
   EXPECT_EQ(ordered.sample(logits, seen), 0);
 }
 
+TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f};
+  const double total = std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0);
+  const SampledLogprobs lp = logprobs_of(logits, 2, 3);
+  EXPECT_NEAR(lp.logprob, 2.0 - std::log(total), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].token, 1);  // the tie keeps the lower id first
+  EXPECT_EQ(lp.top[1].token, 3);
+  EXPECT_EQ(lp.top[2].token, 2);
+  EXPECT_NEAR(lp.top[0].logprob, 3.0 - std::log(total), 1e-6);
+  EXPECT_EQ(lp.top[2].logprob, lp.logprob);
+  EXPECT_TRUE(logprobs_of(logits, 0, 0).top.empty());
+  EXPECT_EQ(logprobs_of(logits, 0, 99).top.size(), logits.size());
+  // large logits do not overflow
+  const std::vector<float> large = {1000.0f, 1000.0f};
+  EXPECT_NEAR(logprobs_of(large, 0, 0).logprob, -std::log(2.0), 1e-6);
+}
+
 TEST(Sampler, SameSeedSameChoices) {
   std::vector<float> logits(50);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(float(i));

@@ -7,6 +7,23 @@
 
 namespace kiln {
 
+SampledLogprobs logprobs_of(std::span<const float> logits, int32_t token, int top) {
+  const float peak = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (float l : logits) total += std::exp(double(l) - double(peak));
+  const double log_total = double(peak) + std::log(total);
+  SampledLogprobs out;
+  out.logprob = float(double(logits[size_t(token)]) - log_total);
+  const size_t k = std::min(size_t(std::max(top, 0)), logits.size());
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + ptrdiff_t(k), order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  for (size_t i = 0; i < k; ++i) out.top.push_back({order[i], float(double(logits[size_t(order[i])]) - log_total)});
+  return out;
+}
+
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   const int64_t n = int64_t(logits.size());
   work_.assign(logits.begin(), logits.end());

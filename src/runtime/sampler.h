@@ -23,6 +23,18 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+// The log-probability of a chosen token under the model's own distribution (the log-softmax of the
+// raw logits, before biases, penalties and temperature), and the `top` most likely tokens'.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+struct SampledLogprobs {
+  float logprob = 0;
+  std::vector<TokenLogprob> top;  // most likely first; ties keep the lower id first
+};
+SampledLogprobs logprobs_of(std::span<const float> logits, int32_t token, int top);
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}

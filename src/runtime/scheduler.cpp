@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace kiln {
 
@@ -30,6 +31,7 @@ Generation::Update Generation::wait(std::chrono::milliseconds timeout) {
                   [&] { return !pending_.empty() || (finish_ != FinishReason::running && !finish_delivered_); });
   Update update;
   update.tokens.swap(pending_);
+  update.logprobs.swap(pending_logprobs_);
   if (finish_ != FinishReason::running) {
     update.finish = finish_;
     update.error = error_;
@@ -38,10 +40,11 @@ Generation::Update Generation::wait(std::chrono::milliseconds timeout) {
   return update;
 }
 
-void Generation::push(int32_t token) {
+void Generation::push(int32_t token, SampledLogprobs* logprobs) {
   {
     std::lock_guard lock(mutex_);
     pending_.push_back(token);
+    if (logprobs) pending_logprobs_.push_back(std::move(*logprobs));
   }
   ready_.notify_all();
 }
@@ -263,7 +266,7 @@ Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
   for (size_t i = 0; i < group.owners.size(); ++i) {
     const Slot& s = *group.owners[i];
     const bool samples = s.prefilled + int64_t(group.batch[i].tokens.size()) >= int64_t(s.params.prompt.size());
-    if (samples && !plain_greedy(s.params.sampling)) l.device_argmax = false;
+    if (samples && (!plain_greedy(s.params.sampling) || s.params.logprobs >= 0)) l.device_argmax = false;
   }
   if (l.device_argmax) {
     l.ids = model_.backend().alloc(DType::i32, Shape{int64_t(group.batch.size())});
@@ -297,11 +300,13 @@ Status Scheduler::collect(const Launched& launched) {
     }
     if (s.generation->cancelled()) continue;  // freed at the next step
     int32_t token = 0;
+    std::optional<SampledLogprobs> logprobs;
     if (device_argmax) {
       token = ids.data_as<int32_t>()[i];
     } else {
-      const float* row = logits.data_as<float>() + int64_t(i) * vocab;
-      token = s.sampler->sample(std::span<const float>(row, size_t(vocab)), s.history);
+      const std::span<const float> row(logits.data_as<float>() + int64_t(i) * vocab, size_t(vocab));
+      token = s.sampler->sample(row, s.history);
+      if (s.params.logprobs >= 0) logprobs = logprobs_of(row, token, s.params.logprobs);
     }
     const auto& stops = s.params.stop_ids;
     if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
@@ -312,7 +317,7 @@ Status Scheduler::collect(const Launched& launched) {
     ++s.generated;
     s.history.push_back(token);
     s.next = token;
-    s.generation->push(token);
+    s.generation->push(token, logprobs ? &*logprobs : nullptr);
     if (s.generated >= s.params.max_tokens || s.state->length() + 1 >= s.state->max_context()) {
       finish(s, FinishReason::length);
     }

@@ -49,6 +49,7 @@ struct GenerationParams {
   SamplingParams sampling;
   int64_t max_tokens = 0;         // 0: up to the context
   std::vector<int32_t> stop_ids;  // end-of-sequence tokens (not emitted)
+  int logprobs = -1;              // -1: none; else each token's log-probability and this many alternatives
 };
 
 enum class FinishReason { running, stop, length, cancelled, error };
@@ -58,7 +59,8 @@ const char* finish_reason_name(FinishReason reason);
 class Generation {
  public:
   struct Update {
-    std::vector<int32_t> tokens;  // new since the previous update
+    std::vector<int32_t> tokens;            // new since the previous update
+    std::vector<SampledLogprobs> logprobs;  // one per token, when the generation asked for them
     FinishReason finish = FinishReason::running;
     std::string error;  // when finish == error
   };
@@ -76,12 +78,13 @@ class Generation {
 
  private:
   friend class Scheduler;
-  void push(int32_t token);
+  void push(int32_t token, SampledLogprobs* logprobs);
   void finish(FinishReason reason, std::string error = {});
 
   std::mutex mutex_;
   std::condition_variable ready_;
   std::vector<int32_t> pending_;
+  std::vector<SampledLogprobs> pending_logprobs_;
   FinishReason finish_ = FinishReason::running;
   bool finish_delivered_ = false;
   std::string error_;

@@ -35,6 +35,48 @@ json tool_call_json(const ToolCall& call, size_t index, bool with_index) {
   return j;
 }
 
+json utf8_bytes(const std::string& text) {
+  json bytes = json::array();
+  for (unsigned char c : text) bytes.push_back(int(c));
+  return bytes;
+}
+
+// Chat's choice.logprobs: an entry per token with its text, bytes and the top alternatives.
+json chat_logprobs(const TextGeneration& gen, const std::vector<int32_t>& ids,
+                   const std::vector<SampledLogprobs>& lps) {
+  auto entry = [&](int32_t id, float logprob) {
+    const std::string text = gen.token_text(id);
+    return json{{"token", text}, {"logprob", logprob}, {"bytes", utf8_bytes(text)}};
+  };
+  json content = json::array();
+  for (size_t i = 0; i < lps.size() && i < ids.size(); ++i) {
+    json e = entry(ids[i], lps[i].logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& alt : lps[i].top) e["top_logprobs"].push_back(entry(alt.token, alt.logprob));
+    content.push_back(std::move(e));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// The completions endpoint's choice.logprobs (the legacy form). `offset`: characters of output
+// before these tokens, advanced past them.
+json text_logprobs(const TextGeneration& gen, const std::vector<int32_t>& ids, const std::vector<SampledLogprobs>& lps,
+                   size_t& offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (size_t i = 0; i < lps.size() && i < ids.size(); ++i) {
+    const std::string text = gen.token_text(ids[i]);
+    tokens.push_back(text);
+    token_logprobs.push_back(lps[i].logprob);
+    offsets.push_back(offset);
+    offset += text.size();
+    json alternatives = json::object();  // the sampled token always among them, as vLLM does
+    for (const auto& alt : lps[i].top) alternatives[gen.token_text(alt.token)] = alt.logprob;
+    if (!alternatives.contains(text)) alternatives[text] = lps[i].logprob;
+    top.push_back(std::move(alternatives));
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
 // What the chat and text endpoints have in common once the prompt is known.
 struct Exchange {
   std::string id;
@@ -42,6 +84,7 @@ struct Exchange {
   bool stream = false;
   bool include_usage = false;
   bool return_token_ids = false;
+  int logprobs = -1;  // as GenerationRequest::logprobs
   bool chat = true;
   std::string endpoint;
 };
@@ -62,9 +105,10 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
   if (!ex.stream) {
     OutputDelta all;
     std::vector<int32_t> ids;
+    std::vector<SampledLogprobs> logprobs;
     double ttft = -1;
     for (bool more = true; more;) {
-      more = gen->next(all, ids, kPoll);
+      more = gen->next(all, ids, kPoll, ex.logprobs >= 0 ? &logprobs : nullptr);
       if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
     }
     if (gen->finish_reason() == "error") {
@@ -87,6 +131,9 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
       choice["text"] = all.content;
     }
     if (ex.return_token_ids) choice["token_ids"] = ids;
+    size_t offset = 0;
+    if (ex.logprobs >= 0)
+      choice["logprobs"] = ex.chat ? chat_logprobs(*gen, ids, logprobs) : text_logprobs(*gen, ids, logprobs, offset);
     json body = {{"id", ex.id},         {"object", object},          {"created", ex.created},        {"model", model},
                  {"choices", {choice}}, {"usage", usage_json(*gen)}, {"system_fingerprint", nullptr}};
     if (ex.return_token_ids) body["prompt_token_ids"] = prompt_ids;
@@ -103,6 +150,7 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
   struct StreamState {
     bool started = false, done = false;
     size_t tool_index = 0;
+    size_t text_offset = 0;  // for the completions endpoint's logprobs
     double ttft = -1;
   };
   auto state = std::make_shared<StreamState>();
@@ -119,10 +167,14 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
     }
     OutputDelta delta;
     std::vector<int32_t> ids;
-    const bool more = gen->next(delta, ids, kPoll);
+    std::vector<SampledLogprobs> logprobs;
+    const bool more = gen->next(delta, ids, kPoll, ex.logprobs >= 0 ? &logprobs : nullptr);
     if (state->ttft < 0 && !ids.empty()) state->ttft = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (!delta.empty() || (ex.return_token_ids && !ids.empty())) {
+    if (!delta.empty() || ((ex.return_token_ids || ex.logprobs >= 0) && !ids.empty())) {
       json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      if (ex.logprobs >= 0)
+        choice["logprobs"] =
+            ex.chat ? chat_logprobs(*gen, ids, logprobs) : text_logprobs(*gen, ids, logprobs, state->text_offset);
       if (ex.chat) {
         json d = json::object();
         if (!delta.content.empty()) d["content"] = delta.content;
@@ -202,6 +254,20 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
   if (ex.chat) fields.integer("max_completion_tokens", 1, INT32_MAX, request.max_tokens);
   request.sampling = read_sampling(fields, 1.0f);
   read_logit_bias(fields, request.sampling.logit_bias);
+  // chat: logprobs a boolean, top_logprobs the alternatives; completions: logprobs the alternatives
+  if (ex.chat) {
+    bool wanted = false;
+    int64_t top = -1;
+    fields.boolean("logprobs", wanted);
+    fields.integer("top_logprobs", 0, 20, top);
+    if (top >= 0 && !wanted) fields.fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    ex.logprobs = wanted ? int(std::max<int64_t>(top, 0)) : -1;
+  } else {
+    int64_t top = -1;
+    fields.integer("logprobs", 0, 20, top);
+    ex.logprobs = int(top);
+  }
+  request.logprobs = ex.logprobs;
 }
 
 }  // namespace

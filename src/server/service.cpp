@@ -186,7 +186,10 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
     if (id >= vocab)
       return bad_request(fmt::format("'logit_bias' names token {}, outside the vocabulary of {} tokens", id, vocab),
                          "logit_bias");
-  GenerationParams params{.prompt = request.prompt.ids, .sampling = request.sampling, .max_tokens = request.max_tokens};
+  GenerationParams params{.prompt = request.prompt.ids,
+                          .sampling = request.sampling,
+                          .max_tokens = request.max_tokens,
+                          .logprobs = request.logprobs};
   if (model_.tokenizer) params.stop_ids = model_.tokenizer->eos_ids();
   auto generation = model_.scheduler->submit(std::move(params));
   if (!generation.ok()) return ApiError{.status = 503, .type = "server_error", .message = generation.error().message};

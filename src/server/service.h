@@ -40,6 +40,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   int64_t max_tokens = 0;  // 0: up to the context
   std::vector<std::string> stops;
+  int logprobs = -1;  // -1: none; else each token's log-probability and this many alternatives
 };
 
 // Request and latency counters for /metrics.

@@ -20,7 +20,7 @@ std::string TokenText::flush() {
 
 TextGeneration::TextGeneration(std::shared_ptr<Generation> generation, std::shared_ptr<const Tokenizer> tokenizer,
                                TextGenerationOptions options)
-    : generation_(std::move(generation)), stop_(options.stops), parser_(options.format) {
+    : generation_(std::move(generation)), tokenizer_(tokenizer), stop_(options.stops), parser_(options.format) {
   if (tokenizer) text_ = std::make_unique<TokenText>(tokenizer, options.format.markers());
 }
 
@@ -35,12 +35,15 @@ void TextGeneration::add(OutputDelta& into, const OutputDelta& from) {
   tool_calls_ += int64_t(from.tool_calls.size());
 }
 
-bool TextGeneration::next(OutputDelta& delta, std::vector<int32_t>& ids, std::chrono::milliseconds timeout) {
+bool TextGeneration::next(OutputDelta& delta, std::vector<int32_t>& ids, std::chrono::milliseconds timeout,
+                          std::vector<SampledLogprobs>* logprobs) {
   if (finished_) return false;
   Generation::Update update = generation_->wait(timeout);
-  for (int32_t id : update.tokens) {
+  for (size_t i = 0; i < update.tokens.size(); ++i) {
+    const int32_t id = update.tokens[i];
     ++tokens_;
     ids.push_back(id);
+    if (logprobs && i < update.logprobs.size()) logprobs->push_back(std::move(update.logprobs[i]));
     if (!text_) continue;
     add(delta, parser_.push(stop_.push(text_->push(id))));
     if (stop_.stopped()) {
@@ -62,6 +65,12 @@ bool TextGeneration::next(OutputDelta& delta, std::vector<int32_t>& ids, std::ch
     add(delta, parser_.finish());
   }
   return false;
+}
+
+std::string TextGeneration::token_text(int32_t id) const {
+  if (!tokenizer_) return "token_id:" + std::to_string(id);
+  auto text = tokenizer_->decode(std::span<const int32_t>(&id, 1));
+  return text.ok() ? *text : std::string();
 }
 
 std::string TextGeneration::finish_reason() const {

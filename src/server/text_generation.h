@@ -42,9 +42,13 @@ class TextGeneration {
                  TextGenerationOptions options);
   ~TextGeneration();  // cancels the generation if it still runs
 
-  // Waits up to `timeout` for more output; `delta` and `ids` receive what arrived. Returns false
-  // once the generation has ended (the last call may still carry output).
-  bool next(OutputDelta& delta, std::vector<int32_t>& ids, std::chrono::milliseconds timeout);
+  // Waits up to `timeout` for more output; `delta` and `ids` (and `logprobs`, one per id, when the
+  // generation asked for them) receive what arrived. Returns false once the generation has ended
+  // (the last call may still carry output).
+  bool next(OutputDelta& delta, std::vector<int32_t>& ids, std::chrono::milliseconds timeout,
+            std::vector<SampledLogprobs>* logprobs = nullptr);
+  // A token's text on its own, for logprobs (special tokens included); "token_id:N" without a tokenizer.
+  std::string token_text(int32_t id) const;
   void cancel() { generation_->cancel(); }
 
   bool finished() const { return finished_; }
@@ -60,6 +64,7 @@ class TextGeneration {
   void add(OutputDelta& into, const OutputDelta& from);
 
   std::shared_ptr<Generation> generation_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<TokenText> text_;
   StopMatcher stop_;
   OutputParser parser_;

@@ -180,6 +180,37 @@ test('logit_bias steers and bans tokens', async () => {
   assert.ok(!banned.choices[0].token_ids.includes(first), JSON.stringify(banned.choices[0].token_ids));
 });
 
+test('logprobs: chat and text, streamed and not', async () => {
+  const chat = { model: modelName, messages: [{ role: 'user', content: 'Name a colour' }], max_tokens: 5, temperature: 0 };
+  const full = await openai.chat.completions.create({ ...chat, logprobs: true, top_logprobs: 3 });
+  const content = full.choices[0].logprobs.content;
+  assert.equal(content.length, full.usage.completion_tokens);
+  for (const entry of content) {
+    assert.ok(entry.logprob <= 0 && Number.isFinite(entry.logprob), JSON.stringify(entry));
+    assert.equal(entry.top_logprobs.length, 3);
+    // greedy: the chosen token is the most likely one
+    assert.equal(entry.top_logprobs[0].logprob, entry.logprob);
+    assert.equal(entry.top_logprobs[0].token, entry.token);
+    assert.ok(entry.top_logprobs[1].logprob <= entry.top_logprobs[0].logprob);
+    assert.deepEqual(entry.bytes, [...Buffer.from(entry.token, 'utf8')]);
+  }
+  const plain = await openai.chat.completions.create(chat);
+  assert.equal(plain.choices[0].logprobs, null);
+  assert.equal(plain.choices[0].message.content, full.choices[0].message.content);
+  const stream = await openai.chat.completions.create({ ...chat, logprobs: true, stream: true });
+  const streamed = [];
+  for await (const part of stream) streamed.push(...(part.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((e) => [e.token, e.logprob]), content.map((e) => [e.token, e.logprob]));
+  assert.ok(streamed.every((e) => e.top_logprobs.length === 0));
+
+  const text = await openai.completions.create({ model: modelName, prompt: [1, 2, 3], max_tokens: 4, temperature: 0, logprobs: 2 });
+  const lp = text.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 4);
+  assert.equal(lp.tokens.join(''), text.choices[0].text);
+  assert.deepEqual(lp.text_offset, [0, 1, 2, 3].map((i) => lp.tokens.slice(0, i).join('').length));
+  lp.top_logprobs.forEach((alternatives, i) => assert.equal(alternatives[lp.tokens[i]], lp.token_logprobs[i]));
+});
+
 test('bad requests get OpenAI error objects', async () => {
   const expectError = async (promise, status, pattern) => {
     await assert.rejects(promise, (e) => {
@@ -200,6 +231,9 @@ test('bad requests get OpenAI error objects', async () => {
   await expectError(openai.chat.completions.create({ ...hi, logit_bias: { abc: 1 } }), 400, /logit_bias/);
   await expectError(openai.chat.completions.create({ ...hi, logit_bias: { 5: 101 } }), 400, /logit_bias/);
   await expectError(openai.chat.completions.create({ ...hi, logit_bias: { 99999999: 1 } }), 400, /logit_bias.*vocabulary/);
+  await expectError(openai.chat.completions.create({ ...hi, top_logprobs: 2 }), 400, /top_logprobs/);
+  await expectError(openai.chat.completions.create({ ...hi, logprobs: true, top_logprobs: 21 }), 400, /top_logprobs/);
+  await expectError(openai.completions.create({ model: modelName, prompt: 'hi', logprobs: -1 }), 400, /logprobs/);
   const raw = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
   assert.equal(raw.status, 400);
   assert.match((await raw.json()).error.message, /JSON/);

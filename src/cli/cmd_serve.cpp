@@ -131,6 +131,9 @@ void add_serve_command(CLI::App& app, Action& action) {
   cmd->add_flag("--batch-invariant,!--no-batch-invariant", o->scheduler.batch_invariant,
                 "Greedy output independent of the other requests in the batch (default on; off batches more "
                 "rows per forward call)");
+  cmd->add_option("--max-queue", o->http.max_waiting,
+                  "Requests waiting for a batch slot before new ones get 503 (0: as many as the HTTP threads allow)")
+      ->check(non_negative_number());
   cmd->add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted")->capture_default_str();
   cmd->add_option("--served-model-name", o->served_name, "The model id clients use (default: the directory name)");
   cmd->add_option("--grace", o->grace_seconds, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")

@@ -175,9 +175,11 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
     OutputDelta all;
     std::vector<int32_t> ids;
     double ttft = -1;
+    const ClientConnection client(req);
     for (bool more = true; more;) {
       more = gen->next(all, ids, kPoll);
       if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (more && client.closed()) return gen->cancel();  // nobody is waiting for the answer
     }
     if (gen->finish_reason() == "error")
       return respond_json(res, 500, anthropic_error(ApiError{.status = 500, .message = gen->error()}));

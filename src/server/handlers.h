@@ -25,6 +25,21 @@ void respond_json(httplib::Response& res, int status, const nlohmann::json& body
 // A streamed response (server-sent events), counted open on `service` until httplib releases it.
 void respond_events(httplib::Response& res, Service& service, EventSource source);
 
+// Whether the client that sent a request has gone, for responses written only at the end (a
+// non-streamed generation is cancelled then). httplib does not hand handlers the socket, so it
+// is found once by the peer's address and port among the process's sockets.
+class ClientConnection {
+ public:
+  explicit ClientConnection(const httplib::Request& req);
+  // True once the peer has closed or reset the connection (or the socket is no longer its).
+  bool closed() const;
+
+ private:
+  std::string peer_addr_;
+  int peer_port_ = -1;
+  int fd_ = -1;  // -1: not found; then closed() is always false
+};
+
 // The request body as a JSON object, or an ApiError for malformed JSON or any other JSON value.
 std::variant<nlohmann::json, ApiError> parse_body(const httplib::Request& req);
 

@@ -89,7 +89,8 @@ struct Exchange {
   std::string endpoint;
 };
 
-void run(Service& service, GenerationRequest request, Exchange ex, httplib::Response& res) {
+void run(Service& service, GenerationRequest request, Exchange ex, const httplib::Request& req,
+         httplib::Response& res) {
   const auto t0 = Clock::now();
   const std::vector<int32_t> prompt_ids = request.prompt.ids;
   auto started = service.start(std::move(request));
@@ -107,9 +108,11 @@ void run(Service& service, GenerationRequest request, Exchange ex, httplib::Resp
     std::vector<int32_t> ids;
     std::vector<SampledLogprobs> logprobs;
     double ttft = -1;
+    const ClientConnection client(req);
     for (bool more = true; more;) {
       more = gen->next(all, ids, kPoll, ex.logprobs >= 0 ? &logprobs : nullptr);
       if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (more && client.closed()) return gen->cancel();  // nobody is waiting for the answer
     }
     if (gen->finish_reason() == "error") {
       return respond_json(res, 500,
@@ -244,6 +247,15 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
     RequestFields o(*options);
     o.boolean("include_usage", ex.include_usage);
     if (!o.ok()) fields.fail("stream_options." + o.error()->param, o.error()->message);
+    if (!ex.stream) fields.fail("stream_options", "'stream_options' is only allowed with 'stream': true");
+  }
+  // no constrained decoding: a JSON format is refused rather than promised and not kept
+  if (const json* format = fields.object("response_format")) {
+    const json type = format->value("type", json());
+    if (type != "text")
+      fields.fail("response_format", type == "json_object" || type == "json_schema"
+                                         ? fmt::format("'response_format' {} is not supported", type.dump())
+                                         : "'response_format' must be {\"type\": \"text\"}");
   }
   fields.boolean("return_token_ids", ex.return_token_ids);
   int64_t n = 1;
@@ -325,14 +337,40 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
           !tool["function"].contains("name") || !tool["function"]["name"].is_string())
         fields.fail("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
+  // a function named by tool_choice must be among the tools; the model is then shown that one
+  json chosen_tools;
+  if (const json* choice =
+          body.contains("tool_choice") && body["tool_choice"].is_object() ? &body["tool_choice"] : nullptr) {
+    const json* function = choice->contains("function") ? &(*choice)["function"] : nullptr;
+    if (choice->value("type", json()) != "function" || !function || !function->is_object() ||
+        !function->contains("name") || !(*function)["name"].is_string()) {
+      fields.fail("tool_choice", "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    } else {
+      const std::string name = (*function)["name"].get<std::string>();
+      for (const auto& tool : tools ? *tools : json::array())
+        if (tool.is_object() && tool.contains("function") && tool["function"].is_object() &&
+            tool["function"].value("name", json()) == name)
+          chosen_tools = json::array({tool});
+      if (chosen_tools.is_null())
+        fields.fail("tool_choice",
+                    fmt::format("'tool_choice' names the function '{}', which is not among 'tools'", name));
+    }
+  }
+  if (tool_choice == "required" && (!tools || tools->empty()))
+    fields.fail("tool_choice", "'tool_choice' required needs 'tools'");
   json kwargs = json::object();
   if (const json* k = fields.object("chat_template_kwargs")) kwargs = *k;
+  for (const char* reserved : {"messages", "tools", "add_generation_prompt"})
+    if (kwargs.contains(reserved))
+      fields.fail("chat_template_kwargs",
+                  fmt::format("'chat_template_kwargs' may not set '{}' (a field of the request)", reserved));
   if (!fields.ok()) return fail(*fields.error());
   if (tool_choice == "none") tools = nullptr;
+  if (!chosen_tools.is_null()) tools = &chosen_tools;
   auto prompt = service.chat_prompt(*messages, tools, kwargs);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
   request.prompt = std::move(std::get<Prompt>(prompt));
-  run(service, std::move(request), ex, res);
+  run(service, std::move(request), ex, req, res);
 }
 
 void handle_completions(Service& service, const httplib::Request& req, httplib::Response& res) {
@@ -359,7 +397,8 @@ void handle_completions(Service& service, const httplib::Request& req, httplib::
   auto prompt = service.text_prompt(body["prompt"]);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
   request.prompt = std::move(std::get<Prompt>(prompt));
-  run(service, std::move(request), ex, res);
+  request.prompt_field = "prompt";
+  run(service, std::move(request), ex, req, res);
 }
 
 }  // namespace kiln::server

@@ -31,18 +31,19 @@ void RequestFields::number(const char* key, double lo, double hi, float& out) {
 void RequestFields::integer(const char* key, int64_t lo, int64_t hi, int64_t& out) {
   const json* f = field(key);
   if (!f) return;
+  const auto out_of_range = [&] { fail(key, fmt::format("'{}' must be between {} and {}", key, lo, hi)); };
   if (f->is_number_float()) {
     const double d = f->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && d >= double(lo) && d <= double(hi)) {
-      out = int64_t(d);
-      return;
-    }
+    if (!std::isfinite(d) || d != std::floor(d)) return fail(key, fmt::format("'{}' must be an integer", key));
+    // 2^63 itself does not fit: compare before converting
+    if (d < double(lo) || d > double(hi) || d >= 9223372036854775808.0) return out_of_range();
+    out = int64_t(d);
+    return;
   }
   if (!f->is_number_integer()) return fail(key, fmt::format("'{}' must be an integer", key));
-  if (f->is_number_unsigned() && f->get<uint64_t>() > uint64_t(INT64_MAX))
-    return fail(key, fmt::format("'{}' must be between {} and {}", key, lo, hi));
+  if (f->is_number_unsigned() && f->get<uint64_t>() > uint64_t(INT64_MAX)) return out_of_range();
   const int64_t v = f->get<int64_t>();
-  if (v < lo || v > hi) return fail(key, fmt::format("'{}' must be between {} and {}", key, lo, hi));
+  if (v < lo || v > hi) return out_of_range();
   out = v;
 }
 

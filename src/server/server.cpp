@@ -3,8 +3,16 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
 #include <random>
+#include <set>
 
 #include "server/handlers.h"
 
@@ -47,6 +55,56 @@ void respond_events(httplib::Response& res, Service& service, EventSource source
   // released once written, or abandoned, with the response
   res.set_chunked_content_provider("text/event-stream", std::move(provide),
                                    [&service](bool) { service.stream_closed(); });
+}
+
+namespace {
+
+// A socket's peer as httplib writes Request::remote_addr and remote_port.
+bool peer_of(int fd, std::string& addr, int& port) {
+  sockaddr_storage storage{};
+  socklen_t length = sizeof(storage);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) return false;
+  char host[NI_MAXHOST];
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&storage), length, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0)
+    return false;
+  if (storage.ss_family == AF_INET)
+    port = ntohs(reinterpret_cast<sockaddr_in*>(&storage)->sin_port);
+  else if (storage.ss_family == AF_INET6)
+    port = ntohs(reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port);
+  else
+    return false;
+  addr = host;
+  return true;
+}
+
+}  // namespace
+
+ClientConnection::ClientConnection(const httplib::Request& req)
+    : peer_addr_(req.remote_addr), peer_port_(req.remote_port) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
+    std::string addr;
+    int port = -1;
+    if (peer_of(fd, addr, port) && addr == peer_addr_ && port == peer_port_) {
+      fd_ = fd;
+      break;
+    }
+  }
+}
+
+bool ClientConnection::closed() const {
+  if (fd_ < 0) return false;
+  std::string addr;
+  int port = -1;
+  if (!peer_of(fd_, addr, port) || addr != peer_addr_ || port != peer_port_) return true;
+  char byte = 0;
+  const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return false;  // a pipelined request waits: still there
+  if (n == 0) return true;  // an orderly close
+  return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 namespace {
@@ -137,16 +195,22 @@ struct Server::Impl {
 
   void routes() {
     http.set_payload_max_length(options.max_body_bytes);
-    http.set_read_timeout(60, 0);
+    // a client that stalls mid-request holds a thread only this long
+    http.set_read_timeout(10, 0);
     http.set_write_timeout(60, 0);
-    const int threads = options.http_threads > 0
-                            ? options.http_threads
-                            : int(std::max<int64_t>(64, 2 * service.scheduler().options().max_batch + 16));
+    // every request holds a thread until it is answered, queued ones included
+    const int64_t batch = service.scheduler().options().max_batch;
+    const int threads = options.http_threads > 0 ? options.http_threads : int(std::max<int64_t>(256, 4 * batch + 16));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    service.set_max_waiting(options.max_waiting > 0 ? options.max_waiting
+                                                    : std::max<int64_t>(1, int64_t(threads) - batch - 16));
 
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-      service.metrics().request(req.path, 401);
+      // a fixed set of labels: a client without a key must not add series (or text) to /metrics
+      static const std::set<std::string> kEndpoints = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                                       "/v1/models", "/metrics"};
+      service.metrics().request(kEndpoints.count(req.path) ? req.path : std::string("other"), 401);
       error(req, res,
             ApiError{.status = 401,
                      .type = "authentication_error",

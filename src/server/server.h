@@ -19,7 +19,10 @@ struct ServerOptions {
   int port = 8080;      // 0: any free port
   std::string api_key;  // empty: no authentication
   size_t max_body_bytes = 8 << 20;
-  int http_threads = 0;  // 0: enough for every batch slot plus spare
+  int http_threads = 0;  // 0: enough for every batch slot, a queue and spare
+  // Requests that wait for a batch slot before new ones get 503 (0: what the HTTP threads allow
+  // beside the running ones, keeping 16 for /health, /metrics and quick answers).
+  int64_t max_waiting = 0;
 };
 
 class Server {

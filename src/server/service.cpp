@@ -154,6 +154,8 @@ std::variant<Prompt, ApiError> Service::text_prompt(const json& p) const {
     auto ids = model_.tokenizer->encode(prompt->get<std::string>(), /*add_special_tokens=*/true);
     if (!ids.ok()) return bad_request(ids.error().message, "prompt");
     out.ids = std::move(ids).value();
+  } else if (prompt->is_array() && !prompt->empty() && ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    return bad_request("one prompt per request: an array of several prompts is not supported", "prompt");
   } else if (prompt->is_array()) {
     const int64_t vocab = model_.scheduler->model().info().vocab_size;
     for (const auto& id : *prompt) {
@@ -173,7 +175,7 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
   if (n == 0) return bad_request("the prompt is empty");
   if (n >= context())
     return ApiError{.message = fmt::format("This model's context holds {} tokens; the prompt has {}", context(), n),
-                    .param = "messages",
+                    .param = request.prompt_field,
                     .code = "context_length_exceeded"};
   if (request.max_tokens > 0 && n + request.max_tokens > context())
     return ApiError{
@@ -181,6 +183,11 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                                request.max_tokens, context()),
         .param = "max_tokens",
         .code = "context_length_exceeded"};
+  if (const int64_t waiting = model_.scheduler->stats().queued; waiting >= max_waiting_)
+    return ApiError{.status = 503,
+                    .type = "server_error",
+                    .message = fmt::format("the server is busy: {} requests are waiting; retry later", waiting),
+                    .code = "server_busy"};
   const int64_t vocab = model_.scheduler->model().info().vocab_size;
   for (const auto& [id, bias] : request.sampling.logit_bias)
     if (id >= vocab)

@@ -41,6 +41,7 @@ struct GenerationRequest {
   int64_t max_tokens = 0;  // 0: up to the context
   std::vector<std::string> stops;
   int logprobs = -1;  // -1: none; else each token's log-probability and this many alternatives
+  std::string prompt_field = "messages";  // what a context error names
 };
 
 // Request and latency counters for /metrics.
@@ -76,7 +77,9 @@ class Service {
   // A completion prompt: text, or token ids (an array of integers).
   std::variant<Prompt, ApiError> text_prompt(const nlohmann::json& prompt) const;
 
+  // Queues a generation; 503 when `max_waiting` requests already wait for a batch slot.
   std::variant<std::unique_ptr<TextGeneration>, ApiError> start(GenerationRequest request);
+  void set_max_waiting(int64_t n) { max_waiting_ = n; }
 
   // Checks the request's "model" field against the served model.
   std::optional<ApiError> check_model(const std::string& requested) const;
@@ -94,6 +97,7 @@ class Service {
   std::mutex streams_mutex_;
   std::condition_variable streams_closed_;
   int open_streams_ = 0;
+  int64_t max_waiting_ = INT64_MAX;
 };
 
 }  // namespace kiln::server

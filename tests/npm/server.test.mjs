@@ -234,6 +234,21 @@ test('bad requests get OpenAI error objects', async () => {
   await expectError(openai.chat.completions.create({ ...hi, top_logprobs: 2 }), 400, /top_logprobs/);
   await expectError(openai.chat.completions.create({ ...hi, logprobs: true, top_logprobs: 21 }), 400, /top_logprobs/);
   await expectError(openai.completions.create({ model: modelName, prompt: 'hi', logprobs: -1 }), 400, /logprobs/);
+  await expectError(openai.chat.completions.create({ ...hi, stream_options: { include_usage: true } }), 400, /stream_options/);
+  await expectError(openai.chat.completions.create({ ...hi, response_format: { type: 'json_object' } }), 400, /response_format/);
+  const weather = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: {} } } }];
+  await expectError(openai.chat.completions.create({ ...hi, tools: weather, tool_choice: { type: 'function', function: { name: 'nope' } } }),
+    400, /'nope', which is not among 'tools'/);
+  await expectError(openai.chat.completions.create({ ...hi, tool_choice: 'required' }), 400, /tool_choice/);
+  await expectError(openai.chat.completions.create({ ...hi, chat_template_kwargs: { messages: [] } }), 400, /chat_template_kwargs/);
+  await expectError(openai.chat.completions.create({ ...hi, max_tokens: 1e10 }), 400, /max_tokens' must be between/);
+  await expectError(openai.chat.completions.create({ ...hi, seed: 2 ** 63 }), 400, /seed' must be between/);
+  await expectError(openai.completions.create({ model: modelName, prompt: ['a', 'b'] }), 400, /one prompt per request/);
+  await assert.rejects(openai.completions.create({ model: modelName, prompt: longText.repeat(4), max_tokens: 4 }),
+    (e) => e.status === 400 && (e.param ?? e.error?.param) === 'prompt');
+  const plainText = await openai.chat.completions.create({ ...hi, max_tokens: 2, response_format: { type: 'text' },
+    tools: weather, tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+  assert.equal(plainText.object, 'chat.completion');
   const raw = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
   assert.equal(raw.status, 400);
   assert.match((await raw.json()).error.message, /JSON/);
@@ -258,6 +273,45 @@ test('a client that leaves mid-stream frees its slot', async () => {
     running = (await (await fetch(`${base}/health`)).json()).running;
   }
   assert.equal(running, 0, 'the abandoned generation still runs');
+});
+
+test('a client that leaves before a non-streamed answer frees its slot', async () => {
+  const controller = new AbortController();
+  const request = fetch(`${base}/v1/chat/completions`, { method: 'POST', signal: controller.signal,
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'Write at length' }], max_tokens: 1500, temperature: 0 }) });
+  request.catch(() => {});
+  let running = 0;
+  for (let i = 0; i < 50 && running === 0; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    running = (await (await fetch(`${base}/health`)).json()).running;
+  }
+  assert.equal(running, 1, 'the generation did not start');
+  controller.abort();
+  for (let i = 0; i < 50 && running > 0; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    running = (await (await fetch(`${base}/health`)).json()).running;
+  }
+  assert.equal(running, 0, 'the abandoned generation still runs');
+});
+
+test('a full queue answers 503 at once', async () => {
+  const { url } = await startServer(['--max-batch', '1', '--max-queue', '1', '--ctx', '2048', '--threads', '1']);
+  const body = JSON.stringify({ prompt: [1, 2, 3], max_tokens: 1500, temperature: 0 });
+  const controllers = [new AbortController(), new AbortController()];
+  for (const c of controllers)
+    fetch(`${url}/v1/completions`, { method: 'POST', body, signal: c.signal, headers: { 'content-type': 'application/json' } })
+      .catch(() => {});
+  let health = {};
+  for (let i = 0; i < 100 && !(health.running === 1 && health.queued === 1); i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    health = await (await fetch(`${url}/health`)).json();
+  }
+  assert.deepEqual([health.running, health.queued], [1, 1]);
+  const busy = await fetch(`${url}/v1/completions`, { method: 'POST', body, headers: { 'content-type': 'application/json' } });
+  assert.equal(busy.status, 503);
+  assert.equal((await busy.json()).error.code, 'server_busy');
+  for (const c of controllers) c.abort();
 });
 
 test('Anthropic Messages API: plain, streamed, tools, cache and errors', async () => {

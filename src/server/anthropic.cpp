@@ -159,7 +159,9 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   if (!fields.ok()) return fail(*fields.error());
   auto converted = to_openai_messages(body.contains("system") ? body["system"] : json(), *messages);
   if (auto* e = std::get_if<ApiError>(&converted)) return fail(*e);
-  auto prompt = service.chat_prompt(std::get<json>(converted), tools ? &openai_tools : nullptr, kwargs);
+  // a last assistant message is a prefill: the answer continues it
+  auto prompt = service.chat_prompt(std::get<json>(converted), tools ? &openai_tools : nullptr, kwargs,
+                                    /*continue_final_message=*/true);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
   request.prompt = std::move(std::get<Prompt>(prompt));
 

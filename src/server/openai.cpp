@@ -364,10 +364,12 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
     if (kwargs.contains(reserved))
       fields.fail("chat_template_kwargs",
                   fmt::format("'chat_template_kwargs' may not set '{}' (a field of the request)", reserved));
+  bool continue_final_message = false;  // vLLM's: the last assistant message is continued
+  fields.boolean("continue_final_message", continue_final_message);
   if (!fields.ok()) return fail(*fields.error());
   if (tool_choice == "none") tools = nullptr;
   if (!chosen_tools.is_null()) tools = &chosen_tools;
-  auto prompt = service.chat_prompt(*messages, tools, kwargs);
+  auto prompt = service.chat_prompt(*messages, tools, kwargs, continue_final_message);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
   request.prompt = std::move(std::get<Prompt>(prompt));
   run(service, std::move(request), ex, req, res);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 namespace kiln::server {
 
 using nlohmann::json;
@@ -74,7 +76,7 @@ std::optional<ApiError> Service::check_model(const std::string& requested) const
 }
 
 std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const json* tools,
-                                                    const json& template_kwargs) const {
+                                                    const json& template_kwargs, bool continue_final_message) const {
   if (!model_.tokenizer || !model_.chat_template)
     return bad_request("this model has no tokenizer and chat template; use /v1/completions with token ids");
   if (!messages.is_array() || messages.empty()) return bad_request("'messages' must be a non-empty array", "messages");
@@ -129,8 +131,23 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
   if (tools && !tools->empty()) request.tools = ordered_json(*tools);
   if (template_kwargs.is_object())
     for (const auto& [k, v] : template_kwargs.items()) request.extra_variables[k] = v;
+  // continuing the last assistant message (a prefill): its turn is left open, as transformers'
+  // continue_final_message does, by cutting the rendering after the message's text
+  std::string prefill;
+  if (continue_final_message && !request.messages.empty() && request.messages.back()["role"] == "assistant") {
+    prefill = request.messages.back()["content"].get<std::string>();
+    while (!prefill.empty() && std::isspace(static_cast<unsigned char>(prefill.back()))) prefill.pop_back();
+    request.add_generation_prompt = false;
+  }
   auto rendered = model_.chat_template->render(request);
   if (!rendered.ok()) return bad_request("the chat template failed: " + rendered.error().message, "messages");
+  if (!prefill.empty()) {
+    const size_t at = rendered->rfind(prefill);
+    if (at == std::string::npos)
+      return bad_request(
+          "the chat template does not show the final assistant message's text, so it cannot be continued", "messages");
+    rendered->resize(at + prefill.size());
+  }
   auto ids = model_.tokenizer->encode(*rendered, /*add_special_tokens=*/false);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
   Prompt prompt{.ids = std::move(ids).value(), .format = format_};
@@ -183,7 +200,11 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                                request.max_tokens, context()),
         .param = "max_tokens",
         .code = "context_length_exceeded"};
-  if (const int64_t waiting = model_.scheduler->stats().queued; waiting >= max_waiting_)
+  // waiting: the requests in the system beyond the batch's slots (a queued one may be about to
+  // take a free slot)
+  const SchedulerStats load = model_.scheduler->stats();
+  if (const int64_t waiting = load.running + load.queued - model_.scheduler->options().max_batch;
+      waiting >= max_waiting_)
     return ApiError{.status = 503,
                     .type = "server_error",
                     .message = fmt::format("the server is busy: {} requests are waiting; retry later", waiting),

@@ -40,7 +40,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   int64_t max_tokens = 0;  // 0: up to the context
   std::vector<std::string> stops;
-  int logprobs = -1;  // -1: none; else each token's log-probability and this many alternatives
+  int logprobs = -1;                      // -1: none; else each token's log-probability and this many alternatives
   std::string prompt_field = "messages";  // what a context error names
 };
 
@@ -72,8 +72,10 @@ class Service {
   int64_t context() const { return model_.scheduler->options().context; }
 
   // Renders OpenAI-style messages (and tools) with the chat template and tokenizes the result.
+  // With continue_final_message a last assistant message is left open for the model to continue.
   std::variant<Prompt, ApiError> chat_prompt(const nlohmann::json& messages, const nlohmann::json* tools,
-                                             const nlohmann::json& template_kwargs) const;
+                                             const nlohmann::json& template_kwargs,
+                                             bool continue_final_message = false) const;
   // A completion prompt: text, or token ids (an array of integers).
   std::variant<Prompt, ApiError> text_prompt(const nlohmann::json& prompt) const;
 

@@ -275,6 +275,18 @@ test('a client that leaves mid-stream frees its slot', async () => {
   assert.equal(running, 0, 'the abandoned generation still runs');
 });
 
+test('a final assistant message is continued when asked (OpenAI) and always (Anthropic)', async () => {
+  const conversation = [{ role: 'user', content: 'Name a colour' }, { role: 'assistant', content: 'My favourite colour is' }];
+  const request = { model: modelName, messages: conversation, max_tokens: 3, temperature: 0, return_token_ids: true };
+  const closed = await openai.chat.completions.create(request);
+  const open = await openai.chat.completions.create({ ...request, continue_final_message: true });
+  assert.ok(open.prompt_token_ids.length < closed.prompt_token_ids.length);
+  assert.deepEqual(closed.prompt_token_ids.slice(0, open.prompt_token_ids.length), open.prompt_token_ids);
+  const prefilled = await anthropic.messages.create({ model: modelName, max_tokens: 3, temperature: 0, messages: conversation });
+  const u = prefilled.usage;
+  assert.equal(u.input_tokens + (u.cache_read_input_tokens ?? 0), open.prompt_token_ids.length, JSON.stringify(u));
+});
+
 test('a client that leaves before a non-streamed answer frees its slot', async () => {
   const controller = new AbortController();
   const request = fetch(`${base}/v1/chat/completions`, { method: 'POST', signal: controller.signal,
@@ -297,7 +309,8 @@ test('a client that leaves before a non-streamed answer frees its slot', async (
 
 test('a full queue answers 503 at once', async () => {
   const { url } = await startServer(['--max-batch', '1', '--max-queue', '1', '--ctx', '2048', '--threads', '1']);
-  const body = JSON.stringify({ prompt: [1, 2, 3], max_tokens: 1500, temperature: 0 });
+  // long generations that no end-of-sequence token cuts short
+  const body = JSON.stringify({ prompt: [1, 2, 3], max_tokens: 2000, temperature: 0, logit_bias: { 151643: -100, 151645: -100 } });
   const controllers = [new AbortController(), new AbortController()];
   for (const c of controllers)
     fetch(`${url}/v1/completions`, { method: 'POST', body, signal: c.signal, headers: { 'content-type': 'application/json' } })

@@ -15,23 +15,30 @@ namespace {
 
 constexpr auto kPoll = std::chrono::milliseconds(50);
 
-// Text of a content field: a string or an array of blocks of which the text ones count.
-std::string block_text(const json& content) {
+// Text of a content field (the system prompt, a tool result): a string or an array of text
+// blocks. Any other block (an image) is refused rather than dropped.
+std::variant<std::string, ApiError> block_text(const json& content, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return ApiError{.message = "must be a string or an array of text blocks", .param = param};
   std::string text;
-  if (content.is_array())
-    for (const auto& b : content)
-      if (b.is_object() && string_field(b, "type") == "text" && b.contains("text") && b["text"].is_string())
-        text += b["text"].get<std::string>();
+  for (const auto& b : content) {
+    const std::string type = b.is_object() ? string_field(b, "type") : "";
+    if (type != "text")
+      return ApiError{.message = fmt::format("content blocks of type '{}' are not supported here", type),
+                      .param = param};
+    if (!b.contains("text") || !b["text"].is_string())
+      return ApiError{.message = "a text block needs text", .param = param};
+    text += b["text"].get<std::string>();
+  }
   return text;
 }
 
 std::variant<json, ApiError> to_openai_messages(const json& system, const json& messages) {
   json out = json::array();
   if (!system.is_null()) {
-    if (!system.is_string() && !system.is_array())
-      return ApiError{.message = "'system' must be a string or an array of text blocks", .param = "system"};
-    out.push_back({{"role", "system"}, {"content", block_text(system)}});
+    auto text = block_text(system, "system");
+    if (auto* e = std::get_if<ApiError>(&text)) return *e;
+    out.push_back({{"role", "system"}, {"content", std::get<std::string>(text)}});
   }
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -69,9 +76,12 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
                          {"type", "function"},
                          {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
       } else if (type == "tool_result" && role == "user") {
+        auto result = block_text(b.contains("content") && !b["content"].is_null() ? b["content"] : json(""),
+                                 param + ".content.tool_result");
+        if (auto* e = std::get_if<ApiError>(&result)) return *e;
         out.push_back({{"role", "tool"},
                        {"tool_call_id", string_field(b, "tool_use_id")},
-                       {"content", block_text(b.contains("content") ? b["content"] : json(""))}});
+                       {"content", std::get<std::string>(result)}});
       } else {
         return ApiError{.message = fmt::format("content blocks of type '{}' are not supported here", type),
                         .param = param + ".content"};
@@ -140,15 +150,31 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   json kwargs = json::object();
   if (const json* thinking = fields.object("thinking"))
     kwargs["enable_thinking"] = string_field(*thinking, "type") == "enabled";
-  if (const json* choice = fields.object("tool_choice"))
-    if (string_field(*choice, "type") == "none") tools = nullptr;
+  // auto and any (not enforced) show every tool, none drops them, tool shows the one it names
+  std::string chosen;
+  if (const json* choice = fields.object("tool_choice")) {
+    const std::string type = string_field(*choice, "type");
+    if (type == "none") {
+      tools = nullptr;
+    } else if (type == "tool") {
+      chosen = string_field(*choice, "name");
+      if (chosen.empty()) fields.fail("tool_choice", "a tool_choice of type 'tool' needs a name");
+    } else if (type != "auto" && type != "any") {
+      fields.fail("tool_choice", "'tool_choice' type must be auto, any, tool or none");
+    }
+    if ((type == "any" || type == "tool") && (!tools || tools->empty()))
+      fields.fail("tool_choice", fmt::format("a tool_choice of type '{}' needs 'tools'", type));
+  }
   json openai_tools = json::array();
+  bool chosen_found = false;
   if (tools) {
     for (const auto& t : *tools) {
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) {
         fields.fail("tools", "each tool needs a name");
         break;
       }
+      if (!chosen.empty() && t["name"] != chosen) continue;
+      chosen_found = true;
       openai_tools.push_back({{"type", "function"},
                               {"function",
                                {{"name", t["name"]},
@@ -156,6 +182,8 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
                                 {"parameters", t.contains("input_schema") ? t["input_schema"] : json::object()}}}});
     }
   }
+  if (!chosen.empty() && tools && !chosen_found)
+    fields.fail("tool_choice", fmt::format("'tool_choice' names the tool '{}', which is not among 'tools'", chosen));
   if (!fields.ok()) return fail(*fields.error());
   auto converted = to_openai_messages(body.contains("system") ? body["system"] : json(), *messages);
   if (auto* e = std::get_if<ApiError>(&converted)) return fail(*e);

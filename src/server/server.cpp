@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <charconv>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 
@@ -139,8 +140,15 @@ constexpr int kMaxNesting = 64;
 std::variant<json, ApiError> parse_body(const httplib::Request& req) {
   if (nesting_depth(req.body) > kMaxNesting)
     return ApiError{.message = fmt::format("the request body nests deeper than {} levels", kMaxNesting)};
-  json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded()) return ApiError{.message = "the request body is not valid JSON", .code = "invalid_json"};
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." without its prefix
+    std::string why = e.what();
+    if (const size_t at = why.find("] "); at != std::string::npos) why.erase(0, at + 2);
+    return ApiError{.message = "the request body is not valid JSON: " + why, .code = "invalid_json"};
+  }
   if (!body.is_object()) return ApiError{.message = "the request body must be a JSON object"};
   return body;
 }
@@ -160,7 +168,9 @@ json anthropic_error(const ApiError& e) {
                      : e.status == 503 ? "overloaded_error"
                      : e.status >= 500 ? "api_error"
                                        : "invalid_request_error";
-  return {{"type", "error"}, {"error", {{"type", type}, {"message", e.message}}}};
+  // Anthropic's error has no param: the message names the field instead
+  const std::string message = e.param.empty() ? e.message : e.param + ": " + e.message;
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
 
 std::string random_id(const char* prefix) {
@@ -226,6 +236,19 @@ struct Server::Impl {
           if (res.status == 413) e.message = fmt::format("the request body exceeds {} bytes", options.max_body_bytes);
           if (res.status == 404) e.message = fmt::format("no endpoint {} {}", req.method, req.path);
           if (res.status == 404) e.code = "not_found";
+          // a known path asked with the wrong method
+          static const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "POST"},
+                                                                      {"/v1/completions", "POST"},
+                                                                      {"/v1/messages", "POST"},
+                                                                      {"/v1/models", "GET"},
+                                                                      {"/health", "GET"},
+                                                                      {"/metrics", "GET"}};
+          if (auto known = kMethods.find(req.path); res.status == 404 && known != kMethods.end()) {
+            e.status = res.status = 405;
+            e.message = fmt::format("{} takes {}, not {}", req.path, known->second, req.method);
+            e.code = "method_not_allowed";
+            res.set_header("Allow", known->second);
+          }
           error(req, res, e);
           return httplib::Server::HandlerResponse::Handled;
         }));

@@ -251,7 +251,10 @@ test('bad requests get OpenAI error objects', async () => {
   assert.equal(plainText.object, 'chat.completion');
   const raw = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
   assert.equal(raw.status, 400);
-  assert.match((await raw.json()).error.message, /JSON/);
+  assert.match((await raw.json()).error.message, /not valid JSON: parse error at line 1, column \d+/);
+  const wrongMethod = await fetch(`${base}/v1/chat/completions`);
+  assert.equal(wrongMethod.status, 405);
+  assert.equal(wrongMethod.headers.get('allow'), 'POST');
   const big = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: 'x'.repeat(300000), headers: { 'content-type': 'application/json' } });
   assert.equal(big.status, 413);
   // the server still answers
@@ -359,6 +362,21 @@ test('Anthropic Messages API: plain, streamed, tools, cache and errors', async (
     (e) => e.status === 400 && /max_tokens/.test(e.message));
   await assert.rejects(anthropic.messages.create({ model: 'claude-x', max_tokens: 4, messages: [{ role: 'user', content: 'hi' }] }),
     (e) => e.status === 404);
+  const image = { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0KGgo=' } };
+  for (const [request, pattern] of [
+    [{ system: [image] }, /system: content blocks of type 'image'/],
+    [{ messages: [{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 't', content: [image] }] }] },
+      /messages\[0\]\.content\.tool_result: content blocks of type 'image'/],
+    [{ tools, tool_choice: { type: 'tool', name: 'missing' } }, /'missing', which is not among 'tools'/],
+    [{ tool_choice: { type: 'any' } }, /needs 'tools'/],
+    [{ tool_choice: { type: 'sometimes' } }, /tool_choice/],
+  ]) {
+    await assert.rejects(anthropic.messages.create({ model: modelName, max_tokens: 4, messages: [{ role: 'user', content: 'hi' }], ...request }),
+      (e) => e.status === 400 && pattern.test(e.message), JSON.stringify(request));
+  }
+  const named = await anthropic.messages.create({ model: modelName, max_tokens: 4, tools, tool_choice: { type: 'tool', name: tools[0].name },
+    messages: [{ role: 'user', content: 'hi' }] });
+  assert.equal(named.type, 'message');
 });
 
 test('metrics in Prometheus text format', async () => {

@@ -148,6 +148,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
           "the chat template does not show the final assistant message's text, so it cannot be continued", "messages");
     rendered->resize(at + prefill.size());
   }
+  if (auto e = too_long_to_encode(rendered->size(), "messages")) return *e;
   auto ids = model_.tokenizer->encode(*rendered, /*add_special_tokens=*/false);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
   Prompt prompt{.ids = std::move(ids).value(), .format = format_};
@@ -161,6 +162,16 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
   return prompt;
 }
 
+std::optional<ApiError> Service::too_long_to_encode(size_t text_bytes, const char* param) const {
+  // encoding costs tens of bytes of memory per byte of text: a text that cannot fit is refused first
+  const size_t fewest_tokens = text_bytes / (4 * model_.tokenizer->longest_token_bytes());
+  if (fewest_tokens < size_t(context())) return std::nullopt;
+  return ApiError{.message = fmt::format("This model's context holds {} tokens; the prompt ({} bytes) has at least {}",
+                                         context(), text_bytes, fewest_tokens),
+                  .param = param,
+                  .code = "context_length_exceeded"};
+}
+
 std::variant<Prompt, ApiError> Service::text_prompt(const json& p) const {
   const json* prompt = &p;
   if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array()))
@@ -168,6 +179,7 @@ std::variant<Prompt, ApiError> Service::text_prompt(const json& p) const {
   Prompt out;
   if (prompt->is_string()) {
     if (!model_.tokenizer) return bad_request("this model has no tokenizer; send the prompt as token ids", "prompt");
+    if (auto e = too_long_to_encode(prompt->get_ref<const std::string&>().size(), "prompt")) return *e;
     auto ids = model_.tokenizer->encode(prompt->get<std::string>(), /*add_special_tokens=*/true);
     if (!ids.ok()) return bad_request(ids.error().message, "prompt");
     out.ids = std::move(ids).value();

@@ -93,6 +93,9 @@ class Service {
   void wait_for_streams();
 
  private:
+  // A context error for a text too long to fit without encoding it (none when it may fit).
+  std::optional<ApiError> too_long_to_encode(size_t text_bytes, const char* param) const;
+
   ServedModel model_;
   OutputFormat format_;
   Metrics metrics_;

@@ -102,6 +102,12 @@ class BpeModel {
     return id_to_token_[size_t(id)];
   }
   size_t vocab_size() const { return token_to_id_.size(); }
+  // The longest token's string in bytes: no token stands for more bytes of text than this.
+  size_t longest_token_bytes() const {
+    size_t longest = 0;
+    for (std::string_view token : id_to_token_) longest = std::max(longest, token.size());
+    return longest;
+  }
   size_t merge_count() const { return merges_.size(); }
   const BpeOptions& options() const { return options_; }
 

@@ -156,6 +156,10 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
     for (const AddedToken& token : tokenizer->added_->tokens())
       if (!token.content.empty() && !tokenizer->model_->token_to_id(token.content)) extra.insert(token.content);
     tokenizer->vocab_size_ = int64_t(tokenizer->model_->vocab_size() + extra.size());
+    // an unknown character becomes one token of up to 4 bytes
+    tokenizer->longest_token_bytes_ = std::max<size_t>(4, tokenizer->model_->longest_token_bytes());
+    for (const AddedToken& token : tokenizer->added_->tokens())
+      tokenizer->longest_token_bytes_ = std::max(tokenizer->longest_token_bytes_, token.content.size());
     return ok_status();
   };
   Status built = ok_status();

@@ -57,6 +57,10 @@ class Tokenizer {
 
   // Distinct tokens, added tokens included (HF's get_vocab_size(with_added_tokens=True)).
   int64_t vocab_size() const;
+  // The longest token's text in bytes, at least 4. A text of n bytes encodes to at least
+  // n / (4 * longest_token_bytes()) tokens (4: the most a normalizer such as NFKC narrows text),
+  // so a prompt far over a context can be refused before it is encoded.
+  size_t longest_token_bytes() const { return longest_token_bytes_; }
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;
   // tokenizer_config.json's bos_token (none for Qwen).
@@ -87,6 +91,7 @@ class Tokenizer {
   std::unique_ptr<tokenization::PostProcessor> post_processor_;
   std::unique_ptr<tokenization::Decoder> decoder_;
   int64_t vocab_size_ = 0;
+  size_t longest_token_bytes_ = 4;
   std::optional<int32_t> bos_id_;
   std::vector<int32_t> eos_ids_;
 };

@@ -15,11 +15,14 @@ SampledLogprobs logprobs_of(std::span<const float> logits, int32_t token, int to
   SampledLogprobs out;
   out.logprob = float(double(logits[size_t(token)]) - log_total);
   const size_t k = std::min(size_t(std::max(top, 0)), logits.size());
+  if (k == 0) return out;
+  // a NaN ranks last, so the order stays strict
+  const auto value = [&](int32_t i) { return std::isnan(logits[size_t(i)]) ? -INFINITY : logits[size_t(i)]; };
+  const auto before = [&](int32_t a, int32_t b) { return value(a) > value(b) || (value(a) == value(b) && a < b); };
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + ptrdiff_t(k), order.end(), [&](int32_t a, int32_t b) {
-    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
-  });
+  std::nth_element(order.begin(), order.begin() + ptrdiff_t(k - 1), order.end(), before);
+  std::sort(order.begin(), order.begin() + ptrdiff_t(k), before);
   for (size_t i = 0; i < k; ++i) out.top.push_back({order[i], float(double(logits[size_t(order[i])]) - log_total)});
   return out;
 }

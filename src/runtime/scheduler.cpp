@@ -154,7 +154,8 @@ SchedulerStats Scheduler::stats() const {
   SchedulerStats s = stats_;
   {
     std::lock_guard queue_lock(mutex_);
-    s.queued = int64_t(queue_.size());
+    // requests whose clients have gone wait only to be dropped at the next admission
+    s.queued = std::count_if(queue_.begin(), queue_.end(), [](const Waiting& w) { return !w.generation->cancelled(); });
   }
   return s;
 }
@@ -175,6 +176,15 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
 }
 
 void Scheduler::admit() {
+  {
+    // requests cancelled while queued leave now, not when a slot frees
+    std::lock_guard lock(mutex_);
+    std::erase_if(queue_, [](const Waiting& w) {
+      if (!w.generation->cancelled()) return false;
+      w.generation->finish(FinishReason::cancelled);
+      return true;
+    });
+  }
   for (auto& slot : slots_) {
     if (slot->generation) continue;
     Waiting next;

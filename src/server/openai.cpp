@@ -59,7 +59,7 @@ json chat_logprobs(const TextGeneration& gen, const std::vector<int32_t>& ids,
 }
 
 // The completions endpoint's choice.logprobs (the legacy form). `offset`: characters of output
-// before these tokens, advanced past them.
+// before these tokens (code points, as OpenAI counts them), advanced past them.
 json text_logprobs(const TextGeneration& gen, const std::vector<int32_t>& ids, const std::vector<SampledLogprobs>& lps,
                    size_t& offset) {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
@@ -68,10 +68,11 @@ json text_logprobs(const TextGeneration& gen, const std::vector<int32_t>& ids, c
     tokens.push_back(text);
     token_logprobs.push_back(lps[i].logprob);
     offsets.push_back(offset);
-    offset += text.size();
-    json alternatives = json::object();  // the sampled token always among them, as vLLM does
-    for (const auto& alt : lps[i].top) alternatives[gen.token_text(alt.token)] = alt.logprob;
-    if (!alternatives.contains(text)) alternatives[text] = lps[i].logprob;
+    offset += size_t(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));  // characters
+    // the sampled token first and always among them, as vLLM does; a text already there (two
+    // tokens decoding alike) keeps its first, higher value
+    json alternatives = {{text, lps[i].logprob}};
+    for (const auto& alt : lps[i].top) alternatives.emplace(gen.token_text(alt.token), alt.logprob);
     top.push_back(std::move(alternatives));
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
@@ -112,7 +113,11 @@ void run(Service& service, GenerationRequest request, Exchange ex, const httplib
     for (bool more = true; more;) {
       more = gen->next(all, ids, kPoll, ex.logprobs >= 0 ? &logprobs : nullptr);
       if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (more && client.closed()) return gen->cancel();  // nobody is waiting for the answer
+      if (more && client.closed()) {  // nobody is waiting for the answer (or the client half-closed)
+        gen->cancel();
+        return respond_json(res, 499,
+                            openai_error(ApiError{.status = 499, .message = "the client closed the request"}));
+      }
     }
     if (gen->finish_reason() == "error") {
       return respond_json(res, 500,
@@ -272,7 +277,7 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
     int64_t top = -1;
     fields.boolean("logprobs", wanted);
     fields.integer("top_logprobs", 0, 20, top);
-    if (top >= 0 && !wanted) fields.fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (top > 0 && !wanted) fields.fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     ex.logprobs = wanted ? int(std::max<int64_t>(top, 0)) : -1;
   } else {
     int64_t top = -1;

@@ -100,7 +100,8 @@ bool ClientConnection::closed() const {
   if (fd_ < 0) return false;
   std::string addr;
   int port = -1;
-  if (!peer_of(fd_, addr, port) || addr != peer_addr_ || port != peer_port_) return true;
+  // another peer on this descriptor: ours is gone (a failed lookup alone proves nothing; recv tells)
+  if (peer_of(fd_, addr, port) && (addr != peer_addr_ || port != peer_port_)) return true;
   char byte = 0;
   const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   if (n > 0) return false;  // a pipelined request waits: still there

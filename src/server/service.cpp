@@ -133,11 +133,18 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
     for (const auto& [k, v] : template_kwargs.items()) request.extra_variables[k] = v;
   // continuing the last assistant message (a prefill): its turn is left open, as transformers'
   // continue_final_message does, by cutting the rendering after the message's text
+  // (stripped at both ends, as transformers does; an empty one is dropped and a new turn opened)
   std::string prefill;
   if (continue_final_message && !request.messages.empty() && request.messages.back()["role"] == "assistant") {
     prefill = request.messages.back()["content"].get<std::string>();
     while (!prefill.empty() && std::isspace(static_cast<unsigned char>(prefill.back()))) prefill.pop_back();
-    request.add_generation_prompt = false;
+    size_t lead = 0;
+    while (lead < prefill.size() && std::isspace(static_cast<unsigned char>(prefill[lead]))) ++lead;
+    prefill.erase(0, lead);
+    if (!prefill.empty())
+      request.add_generation_prompt = false;
+    else if (!request.messages.back().contains("tool_calls"))
+      request.messages.erase(request.messages.size() - 1);
   }
   auto rendered = model_.chat_template->render(request);
   if (!rendered.ok()) return bad_request("the chat template failed: " + rendered.error().message, "messages");

@@ -200,7 +200,8 @@ test('logprobs: chat and text, streamed and not', async () => {
   const stream = await openai.chat.completions.create({ ...chat, logprobs: true, stream: true });
   const streamed = [];
   for await (const part of stream) streamed.push(...(part.choices[0]?.logprobs?.content ?? []));
-  assert.deepEqual(streamed.map((e) => [e.token, e.logprob]), content.map((e) => [e.token, e.logprob]));
+  assert.deepEqual(streamed.map((e) => e.token), content.map((e) => e.token));
+  streamed.forEach((e, i) => assert.ok(Math.abs(e.logprob - content[i].logprob) < 1e-4, `${e.logprob} ${content[i].logprob}`));
   assert.ok(streamed.every((e) => e.top_logprobs.length === 0));
 
   const text = await openai.completions.create({ model: modelName, prompt: [1, 2, 3], max_tokens: 4, temperature: 0, logprobs: 2 });
@@ -310,24 +311,39 @@ test('a client that leaves before a non-streamed answer frees its slot', async (
   assert.equal(running, 0, 'the abandoned generation still runs');
 });
 
-test('a full queue answers 503 at once', async () => {
+test('a full queue answers 503 at once, and a client leaving the queue frees its place', async () => {
   const { url } = await startServer(['--max-batch', '1', '--max-queue', '1', '--ctx', '2048', '--threads', '1']);
   // long generations that no end-of-sequence token cuts short
   const body = JSON.stringify({ prompt: [1, 2, 3], max_tokens: 2000, temperature: 0, logit_bias: { 151643: -100, 151645: -100 } });
+  const post = (signal) => fetch(`${url}/v1/completions`, { method: 'POST', body, signal, headers: { 'content-type': 'application/json' } });
+  const waitFor = async (running, queued) => {
+    let health = {};
+    for (let i = 0; i < 150 && !(health.running === running && health.queued === queued); i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      health = await (await fetch(`${url}/health`)).json();
+    }
+    assert.deepEqual([health.running, health.queued], [running, queued]);
+  };
   const controllers = [new AbortController(), new AbortController()];
-  for (const c of controllers)
-    fetch(`${url}/v1/completions`, { method: 'POST', body, signal: c.signal, headers: { 'content-type': 'application/json' } })
-      .catch(() => {});
-  let health = {};
-  for (let i = 0; i < 100 && !(health.running === 1 && health.queued === 1); i++) {
-    await new Promise((r) => setTimeout(r, 20));
-    health = await (await fetch(`${url}/health`)).json();
-  }
-  assert.deepEqual([health.running, health.queued], [1, 1]);
-  const busy = await fetch(`${url}/v1/completions`, { method: 'POST', body, headers: { 'content-type': 'application/json' } });
+  post(controllers[0].signal).catch(() => {});
+  await waitFor(1, 0);
+  post(controllers[1].signal).catch(() => {});
+  await waitFor(1, 1);
+  const busy = await post();
   assert.equal(busy.status, 503);
   assert.equal((await busy.json()).error.code, 'server_busy');
-  for (const c of controllers) c.abort();
+  controllers[1].abort();
+  await waitFor(1, 0);
+  controllers[0].abort();
+  await waitFor(0, 0);
+});
+
+test('an empty final assistant message opens a new turn (Anthropic)', async () => {
+  const base = [{ role: 'user', content: 'Name a colour' }];
+  const plain = await anthropic.messages.create({ model: modelName, max_tokens: 3, temperature: 0, messages: base });
+  const empty = await anthropic.messages.create({ model: modelName, max_tokens: 3, temperature: 0,
+    messages: [...base, { role: 'assistant', content: '' }] });
+  assert.deepEqual(empty.content, plain.content);
 });
 
 test('Anthropic Messages API: plain, streamed, tools, cache and errors', async () => {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <unordered_set>
 
+#include "core/files.h"
 #include "text/tokenizer/added_vocabulary.h"
 #include "text/tokenizer/bpe.h"
 #include "text/tokenizer/component_json.h"
@@ -124,10 +125,12 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& mode
   TokenizerFiles files;
   files.name = (dir / "tokenizer.json").string();
   if (!fs::exists(dir / "tokenizer.json", error)) return make_error("{} has no tokenizer.json", model_dir);
+  KILN_TRY(require_regular_file_if_present(files.name));
   KILN_ASSIGN(files.tokenizer_json, tokenization::read_file(files.name));
   for (auto [name, content] : {std::pair{"tokenizer_config.json", &files.tokenizer_config_json},
                                std::pair{"generation_config.json", &files.generation_config_json}}) {
     if (!fs::exists(dir / name, error)) continue;
+    KILN_TRY(require_regular_file_if_present((dir / name).string()));
     KILN_ASSIGN(*content, tokenization::read_file((dir / name).string()));
   }
   return from_files(files);

@@ -4,8 +4,6 @@
 #include <filesystem>
 #include <memory>
 
-#include "core/files.h"
-
 namespace kiln::tokenization {
 
 namespace {
@@ -226,7 +224,8 @@ Result<nlohmann::json> parse_json(std::string_view text, const std::string& name
 }
 
 Result<std::string> read_file(const std::string& path) {
-  KILN_TRY(require_regular_file_if_present(path));
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) return make_error("{} is a directory, not a file", path);
   std::unique_ptr<FILE, decltype(&std::fclose)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) return make_error("cannot open {}", path);
   // one allocation of the file's size, then chunks for whatever may follow (a growing file)

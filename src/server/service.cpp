@@ -170,6 +170,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
 }
 
 std::optional<ApiError> Service::too_long_to_encode(size_t text_bytes, const char* param) const {
+  if (!model_.scheduler) return std::nullopt;  // no context to hold it to (prompt rendering alone)
   // encoding costs tens of bytes of memory per byte of text: a text that cannot fit is refused first
   const size_t fewest_tokens = text_bytes / (4 * model_.tokenizer->longest_token_bytes());
   if (fewest_tokens < size_t(context())) return std::nullopt;

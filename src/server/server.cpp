@@ -234,6 +234,9 @@ struct Server::Impl {
         httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
           if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
           ApiError e{.status = res.status, .message = fmt::format("HTTP status {}", res.status)};
+          if (res.status == 400) e.message = "malformed HTTP request (headers, chunked body or encoding)";
+          if (res.status == 414) e.message = "the request line is too long";
+          if (res.status == 415) e.message = "unsupported Content-Encoding (send the body uncompressed)";
           if (res.status == 413) e.message = fmt::format("the request body exceeds {} bytes", options.max_body_bytes);
           if (res.status == 404) e.message = fmt::format("no endpoint {} {}", req.method, req.path);
           if (res.status == 404) e.code = "not_found";

@@ -23,7 +23,7 @@ std::optional<std::pair<int32_t, float>> parse_logit_bias(const std::string& ite
   const auto id_read = std::from_chars(item.data(), item.data() + eq, id);
   const auto bias_read = std::from_chars(item.data() + eq + 1, end, bias);
   if (id_read.ec != std::errc() || id_read.ptr != item.data() + eq || id < 0 || id > INT32_MAX) return std::nullopt;
-  if (bias_read.ec != std::errc() || bias_read.ptr != end || !std::isfinite(bias) || std::abs(bias) > 100)
+  if (bias_read.ec != std::errc() || bias_read.ptr != end || !std::isfinite(bias) || std::abs(bias) > kMaxLogitBias)
     return std::nullopt;
   return std::pair{int32_t(id), float(bias)};
 }
@@ -61,9 +61,8 @@ void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
 }
 
 Status check_logit_bias(const SamplingParams& sampling, int64_t vocab_size) {
-  for (const auto& [id, bias] : sampling.logit_bias)
-    if (id >= vocab_size)
-      return make_error("--logit-bias: token {} is outside the vocabulary of {} tokens", id, vocab_size);
+  if (auto id = biased_token_outside(sampling, vocab_size))
+    return make_error("--logit-bias: token {} is outside the vocabulary of {} tokens", *id, vocab_size);
   return ok_status();
 }
 

@@ -1,5 +1,6 @@
 #include "io/config.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "core/files.h"
@@ -99,9 +100,9 @@ std::vector<int64_t> ConfigReader::get_ints(const std::string& key) {
 }
 
 Result<ModelConfigFile> read_model_config(const std::string& model_dir) {
-  KILN_TRY(require_regular_file_if_present(model_dir + "/config.json"));
-  std::ifstream probe(model_dir + "/config.json");
-  if (!probe) return make_error("missing file {}/config.json (is {} a model directory?)", model_dir, model_dir);
+  std::error_code error;
+  if (!std::filesystem::exists(model_dir + "/config.json", error))
+    return make_error("missing file {}/config.json (is {} a model directory?)", model_dir, model_dir);
   return read_model_config_file(model_dir + "/config.json");
 }
 

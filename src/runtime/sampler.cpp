@@ -7,6 +7,12 @@
 
 namespace kiln {
 
+std::optional<int32_t> biased_token_outside(const SamplingParams& params, int64_t vocab_size) {
+  for (const auto& [token, bias] : params.logit_bias)
+    if (token >= vocab_size) return token;
+  return std::nullopt;
+}
+
 SampledLogprobs logprobs_of(std::span<const float> logits, int32_t token, int top) {
   const float peak = *std::max_element(logits.begin(), logits.end());
   double total = 0;

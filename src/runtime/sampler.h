@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <utility>
@@ -22,6 +23,11 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
 };
+
+// OpenAI's bound on a logit bias, either way.
+constexpr double kMaxLogitBias = 100;
+// The first biased token id outside a vocabulary of `vocab_size` (which the sampler would skip).
+std::optional<int32_t> biased_token_outside(const SamplingParams& params, int64_t vocab_size);
 
 // The log-probability of a chosen token under the model's own distribution (the log-softmax of the
 // raw logits, before biases, penalties and temperature), and the `top` most likely tokens'.

@@ -1,6 +1,7 @@
 // The OpenAI API: /v1/chat/completions and /v1/completions, streamed and not.
 #include <httplib.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -238,7 +239,7 @@ void read_logit_bias(RequestFields& fields, std::vector<std::pair<int32_t, float
     if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX)
       return fields.fail("logit_bias", "'logit_bias' keys must be token ids (non-negative integers)");
     const double bias = value.is_number() ? value.get<double>() : NAN;
-    if (!std::isfinite(bias) || bias < -100 || bias > 100)
+    if (!std::isfinite(bias) || std::abs(bias) > kMaxLogitBias)
       return fields.fail("logit_bias",
                          fmt::format("'logit_bias' of token {} must be a number between -100 and 100", id));
     out.emplace_back(int32_t(id), float(bias));
@@ -352,10 +353,13 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
       fields.fail("tool_choice", "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
     } else {
       const std::string name = (*function)["name"].get<std::string>();
-      for (const auto& tool : tools ? *tools : json::array())
-        if (tool.is_object() && tool.contains("function") && tool["function"].is_object() &&
-            tool["function"].value("name", json()) == name)
-          chosen_tools = json::array({tool});
+      const auto named = [&](const json& tool) {
+        return tool.is_object() && tool.contains("function") && tool["function"].is_object() &&
+               tool["function"].value("name", json()) == name;
+      };
+      if (tools)
+        if (auto it = std::find_if(tools->begin(), tools->end(), named); it != tools->end())
+          chosen_tools = json::array({*it});
       if (chosen_tools.is_null())
         fields.fail("tool_choice",
                     fmt::format("'tool_choice' names the function '{}', which is not among 'tools'", name));

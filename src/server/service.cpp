@@ -230,10 +230,9 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                     .message = fmt::format("the server is busy: {} requests are waiting; retry later", waiting),
                     .code = "server_busy"};
   const int64_t vocab = model_.scheduler->model().info().vocab_size;
-  for (const auto& [id, bias] : request.sampling.logit_bias)
-    if (id >= vocab)
-      return bad_request(fmt::format("'logit_bias' names token {}, outside the vocabulary of {} tokens", id, vocab),
-                         "logit_bias");
+  if (auto id = biased_token_outside(request.sampling, vocab))
+    return bad_request(fmt::format("'logit_bias' names token {}, outside the vocabulary of {} tokens", *id, vocab),
+                       "logit_bias");
   GenerationParams params{.prompt = request.prompt.ids,
                           .sampling = request.sampling,
                           .max_tokens = request.max_tokens,

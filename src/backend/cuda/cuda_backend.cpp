@@ -123,6 +123,9 @@ class CudaBackend final : public Backend {
       return make_error("cannot allocate CUDA counters");
     cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     KILN_TRY(timeline_.open());
+#if KILN_CUDA_DECODE_FLOOR
+    cuda::init_decode_floor();
+#endif
     cudaDeviceGetDefaultMemPool(&pool_, device_);
     uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next forward
     cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);

@@ -25,6 +25,10 @@ bool small_matmul_residual_norm(const Tensor& x, const Tensor& w, const Residual
 bool small_glu_matmul(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out,
                       cudaStream_t stream);
 
+#if KILN_CUDA_DECODE_FLOOR
+void init_decode_floor();  // developer builds: KILN_DECODE_FLOOR from the environment (cuda_quant_gemv.cu)
+#endif
+
 // cuda_elementwise.cu
 void fill(Tensor& t, float value, cudaStream_t stream);
 void convert(const Tensor& src, Tensor& dst, cudaStream_t stream);  // any float dtype to any float dtype

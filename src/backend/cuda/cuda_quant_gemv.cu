@@ -300,6 +300,14 @@ __device__ void quantize_input(const bf16* __restrict__ x, int64_t ldx, int rows
   }
 }
 
+#if KILN_CUDA_DECODE_FLOOR
+// Developer builds (-DKILN_CUDA_DECODE_FLOOR=ON), for measuring what bounds a decode step:
+// KILN_DECODE_FLOOR=1 makes every integer product return once its inputs are ready (its first
+// loads issued), =2 makes it load all its weights and skip the arithmetic (its input stage, its
+// tiles' finish and its residual update kept). Outputs are meaningless then; timing only.
+__constant__ int decode_floor_mode;
+#endif
+
 // One iteration's loads of a lane: the codes, scale and bias of one chunk of each of the tile's rows.
 template <int BITS, int R>
 struct DotFetch {
@@ -435,6 +443,19 @@ __global__ void __launch_bounds__(kDotThreads, 1)
   int consume_tile = 0, consume_it = 0;
   auto consume = [&](const DotFetch<BITS, R>& f) {
     const int c = lane + 32 * part + consume_it * step;
+#if KILN_CUDA_DECODE_FLOOR
+    if (decode_floor_mode == 2) {  // the codes read, nothing computed: a word's bits kept alive
+      uint32_t folded = 0;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int w = 0; w < BITS; ++w) folded ^= f.words[r][w];
+      acc[0][0] += __uint_as_float(folded & 0x3ffu) + __bfloat162float(f.scale[0]) * __bfloat162float(f.bias[0]);
+      if (++consume_it < iters) return false;
+      consume_it = 0;
+      return true;
+    }
+#endif
     if (c < chunks) {
       float s_f[R], b_f[R];
 #pragma unroll
@@ -466,6 +487,12 @@ __global__ void __launch_bounds__(kDotThreads, 1)
   if (items > 0) fetch(a);
   if (items > 1) fetch(b);
   wait_for_inputs();
+#if KILN_CUDA_DECODE_FLOOR
+  if (decode_floor_mode == 1) {  // the first iterations' codes waited for, nothing else done
+    asm volatile("" ::"r"(a.words[0][0]), "r"(b.words[0][0]));
+    return;
+  }
+#endif
   quantize_input<BITS>(x, ldx, rows, chunks, pieces, stats);
   __syncthreads();
   // A tile's sums are formed after the buffer just read is refilled: two iterations stay in flight
@@ -614,6 +641,18 @@ void run_dot(QProducts p, int products, bool glu, bool gelu, const Tensor& x, DT
     });
   }
 }
+
+#if KILN_CUDA_DECODE_FLOOR
+}  // namespace
+
+void init_decode_floor() {
+  const char* mode = std::getenv("KILN_DECODE_FLOOR");
+  const int value = mode ? std::atoi(mode) : 0;
+  cudaMemcpyToSymbol(decode_floor_mode, &value, sizeof value);
+}
+
+namespace {
+#endif
 
 // Runs the products of p over all rows of x (a GLU launch: `products` = 1 output, gate and up in
 // p): the integer products for 2, 4 and 8 bits, otherwise the float GEMV, eight input rows per pass

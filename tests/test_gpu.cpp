@@ -65,6 +65,40 @@ TEST_F(Gpu, NormsAndElementwise) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(ids_back.data_as<int32_t>()[i], ids_cpu.data_as<int32_t>()[i]);
 }
 
+// Rows as wide as a vocabulary, searched by many blocks: ties across blocks go to the lower index,
+// a row of -inf (with a NaN in it) answers 0, bf16 and strided rows give the CPU's answer.
+TEST_F(Gpu, ArgmaxOfWideRows) {
+  const int64_t cols = 262147;  // not a multiple of any block's span
+  Tensor logits = random(Shape{4, cols}, 10.0f);
+  float* l = logits.data_as<float>();
+  l[1 * cols + 5000] = l[1 * cols + 200000] = 1e6f;  // the same maximum in two blocks' spans
+  for (int64_t c = 0; c < cols; ++c) l[2 * cols + c] = -INFINITY;
+  l[2 * cols + 100000] = NAN;
+  l[3 * cols + cols - 1] = 1e6f;  // the last value of the row
+  Tensor want = cpu.alloc(DType::i32, Shape{4});
+  cpu.argmax(logits, want);
+  const int32_t expected[4] = {want.data_as<int32_t>()[0], 5000, 0, int32_t(cols - 1)};
+  for (int r = 0; r < 4; ++r) ASSERT_EQ(want.data_as<int32_t>()[r], expected[r]) << "row " << r;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Tensor ids = gpu->alloc(DType::i32, Shape{4});
+    gpu->argmax(to_gpu(logits, dtype), ids);
+    Tensor got = gpu->to_host(ids);
+    if (dtype == DType::bf16) {  // rounding may tie row 0's top values: compare with the CPU on the rounded row
+      Tensor rounded = from_gpu(to_gpu(logits, dtype));
+      cpu.argmax(rounded, want);
+    }
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(got.data_as<int32_t>()[r], want.data_as<int32_t>()[r]) << "row " << r;
+  }
+  Tensor wide = random(Shape{3, 2 * cols});  // the right half of wider rows
+  Tensor view = wide.cols_view(cols, cols);
+  Tensor view_gpu = to_gpu(wide, DType::f32).cols_view(cols, cols);
+  Tensor ids = gpu->alloc(DType::i32, Shape{3}), want3 = cpu.alloc(DType::i32, Shape{3});
+  cpu.argmax(view, want3);
+  gpu->argmax(view_gpu, ids);
+  Tensor got = gpu->to_host(ids);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(got.data_as<int32_t>()[r], want3.data_as<int32_t>()[r]) << "row " << r;
+}
+
 TEST_F(Gpu, Rope) {
   Tensor x = random(Shape{9, 4, 64});
   Tensor pos = host_tensor(DType::i32, Shape{9});

@@ -528,7 +528,8 @@ class CudaBackend final : public Backend {
   }
   void argmax(const Tensor& x, Tensor& out) override {
     OpTimer timed(this, "argmax");
-    cuda::argmax(x, out, stream_);
+    cuda::argmax(
+        x, out, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("argmax");
   }
 

@@ -231,32 +231,69 @@ __global__ void add_sigmoid_gated_kernel(Rows<T> acc, Rows<const T> x, Rows<cons
   acc.row(r)[c] = from_float<T>(to_float(acc.row(r)[c]) + s * to_float(x.row(r)[c]));
 }
 
-// First index of the largest value of each row (ties go to the lower index, as on the CPU).
+// First index of the largest value of each row (ties go to the lower index, as on the CPU; NaNs
+// never win). A row is searched by many blocks, each over kArgmaxSpan values, and one warp a row
+// then merges their answers: a single block reading a 256K-entry vocabulary alone waits on memory
+// for ~0.2 ms, more than a tenth of a small model's decode step.
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxPerThread = 8;  // loads in flight a thread
+constexpr int64_t kArgmaxSpan = int64_t(kArgmaxThreads) * kArgmaxPerThread;
+
+struct ArgmaxBest {
+  float value;
+  int32_t index;
+};
+
+__device__ __forceinline__ void keep_better(float& best, int32_t& best_i, float v, int32_t i) {
+  if (v > best || (v == best && i < best_i)) best = v, best_i = i;
+}
+
+__device__ __forceinline__ void warp_best(float& best, int32_t& best_i) {
+  for (int o = 16; o > 0; o >>= 1)
+    keep_better(best, best_i, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+}
+
 template <typename T>
-__global__ void argmax_kernel(Rows<const T> x, int32_t* out, int64_t cols) {
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_span_kernel(Rows<const T> x, int64_t cols, int spans, ArgmaxBest* partial) {
   wait_for_inputs();
-  const T* p = x.row(blockIdx.x);
+  const int row = int(blockIdx.x) / spans, span = int(blockIdx.x) % spans;
+  const T* p = x.row(row);
+  const int64_t begin = span * kArgmaxSpan;
+  float v[kArgmaxPerThread];
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) {  // all loads issued before any comparison
+    const int64_t c = begin + j * kArgmaxThreads + threadIdx.x;
+    v[j] = c < cols ? to_float(p[c]) : -INFINITY;
+  }
   float best = -INFINITY;
-  int64_t best_i = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = to_float(p[c]);
-    if (v > best) best = v, best_i = c;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (ov > best || (ov == best && oi < best_i)) best = ov, best_i = oi;
-  }
-  __shared__ float values[32];
-  __shared__ int64_t indices[32];
+  int32_t best_i = 0;  // a row of -inf (or NaN) answers 0, as the CPU does
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j)  // increasing indices: a strict > keeps the first
+    if (v[j] > best) best = v[j], best_i = int32_t(begin + j * kArgmaxThreads + threadIdx.x);
+  warp_best(best, best_i);
+  __shared__ ArgmaxBest warps[kArgmaxThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) values[warp] = best, indices[warp] = best_i;
+  if (lane == 0) warps[warp] = {best, best_i};
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < int(blockDim.x / 32); ++w)
-      if (values[w] > best || (values[w] == best && indices[w] < best_i)) best = values[w], best_i = indices[w];
-    out[blockIdx.x] = int32_t(best_i);
-  }
+  if (warp != 0) return;
+  best = lane < kArgmaxThreads / 32 ? warps[lane].value : -INFINITY;
+  best_i = lane < kArgmaxThreads / 32 ? warps[lane].index : 0;
+  warp_best(best, best_i);
+  if (lane == 0) partial[blockIdx.x] = {best, best_i};
+}
+
+// One warp a row: the row's spans' answers merged.
+__global__ void argmax_merge_kernel(const ArgmaxBest* partial, int spans, int rows, int32_t* out) {
+  wait_for_inputs();
+  const int row = int(blockIdx.x) * (blockDim.x / 32) + int(threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float best = -INFINITY;
+  int32_t best_i = 0;
+  for (int s = lane; s < spans; s += 32)
+    keep_better(best, best_i, partial[row * spans + s].value, partial[row * spans + s].index);
+  warp_best(best, best_i);
+  if (lane == 0) out[row] = best_i;
 }
 
 int grid_for(int64_t n, int block = 256) {
@@ -423,12 +460,19 @@ void softcap(Tensor& x, float cap, cudaStream_t stream) {
   });
 }
 
-void argmax(const Tensor& x, Tensor& out, cudaStream_t stream) {
+void argmax(const Tensor& x, Tensor& out, const Allocate& alloc, cudaStream_t stream) {
   if (x.rows() == 0) return;
+  const int rows = int(x.rows()), spans = int(std::max<int64_t>(1, ceil_div(x.cols(), kArgmaxSpan)));
+  static_assert(sizeof(ArgmaxBest) == 8);
+  Tensor partial = alloc(DType::u32, Shape{int64_t(rows) * spans, 2});
+  auto* best = static_cast<ArgmaxBest*>(partial.data());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch(argmax_kernel<T>, int(x.rows()), 256, 0, stream, rows_of<const T>(x), out.data_as<int32_t>(), x.cols());
+    launch(argmax_span_kernel<T>, rows * spans, kArgmaxThreads, 0, stream, rows_of<const T>(x), x.cols(), spans, best);
   });
+  constexpr int kRowsPerBlock = 8;
+  launch(argmax_merge_kernel, ceil_div(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream, best, spans, rows,
+         out.data_as<int32_t>());
 }
 
 }  // namespace kiln::cuda

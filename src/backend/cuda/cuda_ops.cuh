@@ -45,7 +45,7 @@ void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out, cuda
 void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out, cudaStream_t stream);
 void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate, cudaStream_t stream);
 void softcap(Tensor& x, float cap, cudaStream_t stream);
-void argmax(const Tensor& x, Tensor& out, cudaStream_t stream);
+void argmax(const Tensor& x, Tensor& out, const Allocate& alloc, cudaStream_t stream);  // scratch from alloc
 
 // cuda_attention.cu
 void rope(const RopeArgs& args, cudaStream_t stream);

@@ -1,8 +1,13 @@
 // Sampling and stop strings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
 
 #include "runtime/sampler.h"
 #include "runtime/stop_strings.h"
@@ -86,6 +91,82 @@ TEST(Sampler, TruncationsKeepOnlyTheirCandidates) {
   EXPECT_EQ(p.size(), 1u);  // the best alone holds 30% of the mass
   // temperature 1 over {5.0, 4.9}: frequencies near e^0.1 : 1
   EXPECT_NEAR(double(k[1]) / double(k[2]), std::exp(0.1), 0.15);
+}
+
+// Both ways of drawing (over the candidates in id order when nothing is cut, over the ordered
+// prefix otherwise) follow the softmax of logit / temperature.
+TEST(Sampler, DrawsFollowTheSoftmax) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.5f, 2.0f, 0.0f};
+  std::vector<double> want(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) total += want[i] = std::exp(double(logits[i]) / 0.8);
+  for (double& w : want) w /= total;
+  for (float top_p : {1.0f, 0.9999f}) {
+    Sampler s({.temperature = 0.8f, .top_p = top_p, .seed = 11});
+    std::vector<int> seen(logits.size());
+    const int draws = 40000;
+    for (int i = 0; i < draws; ++i) ++seen[size_t(s.sample(logits, {}))];
+    for (size_t i = 0; i < logits.size(); ++i)
+      EXPECT_NEAR(double(seen[i]) / draws, want[i], 0.01) << "token " << i << ", top_p " << top_p;
+  }
+}
+
+// A vocabulary of 200K: every draw lies in the set a full sort gives for the cut (ties at the
+// edge included, lower ids first), and ties and NaNs are placed as the order says.
+TEST(Sampler, LargeVocabularyCutsAgreeWithAFullSort) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(200000);
+  for (float& l : logits) l = std::round(normal(rng) * 8.0f) / 8.0f;  // many ties
+  logits[123] = NAN;
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const float temperature = 0.7f;
+  auto key = [&](int32_t i) { return std::isnan(logits[size_t(i)]) ? -INFINITY : logits[size_t(i)] / temperature; };
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+  struct Case {
+    int top_k;
+    float top_p, min_p;
+  };
+  for (const Case c : {Case{0, 0.5f, 0.0f}, Case{0, 0.95f, 0.0f}, Case{100, 1.0f, 0.0f}, Case{0, 1.0f, 0.3f},
+                       Case{3000, 0.9f, 0.01f}}) {
+    // the allowed set from the full order
+    size_t keep = c.top_k > 0 ? size_t(c.top_k) : order.size();
+    std::vector<double> prob(keep);
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += prob[i] = std::exp(double(key(order[i]) - key(order[0])));
+    size_t cut = keep;
+    double mass = 0;
+    for (size_t i = 0; i < keep && c.top_p < 1.0f; ++i)
+      if ((mass += prob[i] / total) >= double(c.top_p)) {
+        cut = i + 1;
+        break;
+      }
+    if (c.min_p > 0.0f) {
+      size_t i = 1;
+      while (i < cut && prob[i] >= double(c.min_p) * prob[0]) ++i;
+      cut = i;
+    }
+    const std::set<int32_t> allowed(order.begin(), order.begin() + ptrdiff_t(cut));
+    Sampler s({.temperature = temperature, .top_k = c.top_k, .top_p = c.top_p, .min_p = c.min_p, .seed = 3});
+    std::set<int32_t> drawn;
+    for (int i = 0; i < 120; ++i) {
+      const int32_t t = s.sample(logits, {});
+      ASSERT_TRUE(allowed.count(t)) << "token " << t << " outside the cut of " << cut << " (top_k " << c.top_k
+                                    << ", top_p " << c.top_p << ", min_p " << c.min_p << ")";
+      drawn.insert(t);
+    }
+    EXPECT_GT(drawn.size(), std::min<size_t>(cut, 10) / 2);  // draws spread over the cut
+  }
+}
+
+TEST(Sampler, InfiniteAndMissingLogits) {
+  const float inf = INFINITY;
+  EXPECT_EQ(Sampler({.temperature = 1.0f}).sample(std::vector<float>{1.0f, inf, 3.0f, inf}, {}), 1);
+  EXPECT_EQ(Sampler({.temperature = 1.0f}).sample(std::vector<float>{NAN, NAN, -inf}, {}), 0);
+  EXPECT_EQ(Sampler({.temperature = 1.0f, .top_p = 0.5f}).sample(std::vector<float>{NAN, 2.0f, NAN}, {}), 1);
+  EXPECT_EQ(Sampler({.temperature = 1.0f}).sample(std::vector<float>{}, {}), 0);
 }
 
 TEST(StopMatcher, AcrossPiecesAndHeldBack) {

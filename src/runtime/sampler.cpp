@@ -35,6 +35,7 @@ SampledLogprobs logprobs_of(std::span<const float> logits, int32_t token, int to
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   const int64_t n = int64_t(logits.size());
+  if (n == 0) return 0;
   work_.assign(logits.begin(), logits.end());
   const SamplingParams& p = params_;
 
@@ -53,50 +54,88 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   if (p.temperature <= 0.0f) return int32_t(std::max_element(work_.begin(), work_.end()) - work_.begin());
 
-  for (float& l : work_) l /= p.temperature;
-  // candidates by descending logit; ties keep the lower id first
-  order_.resize(size_t(n));
-  std::iota(order_.begin(), order_.end(), 0);
-  int64_t keep = n;
-  if (p.top_k > 0 && p.top_k < n) keep = p.top_k;
-  auto by_logit = [&](int32_t a, int32_t b) {
+  // Each logit over the temperature; a NaN is never drawn.
+  for (float& l : work_) l /= p.temperature;  // separate passes: each one vectorizes
+  for (float& l : work_) l = std::isnan(l) ? -INFINITY : l;
+  const float top = *std::max_element(work_.begin(), work_.end());
+  if (!std::isfinite(top))  // no finite logit, or an infinite one: the first of the largest
+    return int32_t(std::find(work_.begin(), work_.end(), top) - work_.begin());
+
+  // Candidates in descending logit, ties keeping the lower id first. Only as much is ordered as
+  // top_k, the cuts and the draw reach (a full sort of a 250K vocabulary took ~30 ms a token):
+  // `order_` grows in sorted prefixes, each picked from what is left.
+  auto before = [&](int32_t a, int32_t b) {
     return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
   };
-  if (keep < n) {
-    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
-  } else {
-    std::sort(order_.begin(), order_.end(), by_logit);
+  size_t sorted = 0;
+  auto sort_to = [&](size_t end) {  // order_[0..end) in order
+    std::partial_sort(order_.begin() + ptrdiff_t(sorted), order_.begin() + ptrdiff_t(end), order_.end(), before);
+    sorted = end;
+  };
+  auto sort_through = [&](size_t i) {  // order_[0..i] in order, and some more
+    if (i >= sorted) sort_to(std::min(order_.size(), std::max<size_t>(256, 4 * (i + 1))));
+  };
+  order_.resize(size_t(n));
+  std::iota(order_.begin(), order_.end(), 0);
+  const bool top_k = p.top_k > 0 && p.top_k < n;
+  if (top_k) {  // only the top_k candidates stay
+    sort_to(size_t(p.top_k));
+    order_.resize(size_t(p.top_k));
   }
-  order_.resize(size_t(keep));
-  // softmax over the kept candidates
-  const float top = work_[size_t(order_[0])];
-  std::vector<double> prob(order_.size());
+  // softmax over the candidates: weights exp(logit - top), by id
+  weights_.resize(size_t(n));
   double total = 0;
-  for (size_t i = 0; i < order_.size(); ++i) total += prob[i] = std::exp(double(work_[size_t(order_[i])] - top));
-  for (double& q : prob) q /= total;
-  size_t cut = prob.size();
+  if (top_k) {
+    for (int32_t t : order_) total += weights_[size_t(t)] = std::exp(work_[size_t(t)] - top);
+  } else {
+    for (int64_t i = 0; i < n; ++i) total += weights_[size_t(i)] = std::exp(work_[size_t(i)] - top);
+  }
+  auto prob = [&](size_t i) { return double(weights_[size_t(order_[i])]) / total; };
+  const size_t kept = order_.size();
+  if (p.top_p >= 1.0f && p.min_p <= 0.0f) {  // no cut: any order of the candidates draws alike
+    double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+    for (size_t i = 0; i < kept; ++i) {  // order_: sorted with top_k, ids otherwise
+      const double q = prob(i);
+      if (u < q) return order_[i];
+      u -= q;
+    }
+    sort_through(0);  // rounding left u past the end: the most likely
+    return order_[0];
+  }
+  size_t cut = kept;
+  double mass = 1.0;     // of the candidates before the cut
   if (p.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
-    double mass = 0;
-    for (size_t i = 0; i < prob.size(); ++i) {
-      mass += prob[i];
-      if (mass >= double(p.top_p)) {
-        cut = i + 1;
+    double reached = 0;
+    for (size_t i = 0; i < kept; ++i) {
+      sort_through(i);
+      reached += prob(i);
+      if (reached >= double(p.top_p)) {
+        cut = i + 1, mass = reached;
         break;
       }
     }
   }
   if (p.min_p > 0.0f) {  // drop candidates below min_p times the most likely one
+    sort_through(0);
+    const double floor = double(p.min_p) * prob(0);
     size_t i = 1;
-    while (i < cut && prob[i] >= double(p.min_p) * prob[0]) ++i;
-    cut = i;
+    double kept_mass = prob(0);
+    while (i < cut) {
+      sort_through(i);
+      const double q = prob(i);
+      if (q < floor) break;
+      kept_mass += q, ++i;
+    }
+    if (i < cut) cut = i, mass = kept_mass;
   }
-  double mass = 0;
-  for (size_t i = 0; i < cut; ++i) mass += prob[i];
   double u = std::uniform_real_distribution<double>(0.0, mass)(rng_);
   for (size_t i = 0; i < cut; ++i) {
-    if (u < prob[i]) return order_[i];
-    u -= prob[i];
+    sort_through(i);
+    const double q = prob(i);
+    if (u < q) return order_[i];
+    u -= q;
   }
+  sort_through(cut - 1);
   return order_[cut - 1];
 }
 

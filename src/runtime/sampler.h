@@ -53,8 +53,9 @@ class Sampler {
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<float> work_;
-  std::vector<int32_t> order_;
+  std::vector<float> work_;     // the logits as the draw sees them, by id
+  std::vector<float> weights_;  // exp(logit - the largest), by id
+  std::vector<int32_t> order_;  // the candidates, sorted in a growing prefix
 };
 
 }  // namespace kiln

@@ -111,6 +111,25 @@ TEST(Sampler, DrawsFollowTheSoftmax) {
   }
 }
 
+// A nucleus past the first 256 candidates (found by selection, not by sorting) keeps the weights:
+// ten tokens at logit 3 among 2,000 at 0 hold e^3 · 10 / (e^3 · 10 + 1990) of the mass.
+TEST(Sampler, WideNucleusKeepsTheWeights) {
+  std::vector<float> logits(2000, 0.0f);
+  for (int i = 0; i < 10; ++i) logits[size_t(100 * i + 7)] = 3.0f;
+  const double top_mass = std::exp(3.0) * 10 / (std::exp(3.0) * 10 + 1990);
+  Sampler s({.temperature = 1.0f, .top_p = 0.999f, .seed = 4});
+  int top = 0;
+  const int draws = 20000;
+  std::set<int32_t> seen;
+  for (int i = 0; i < draws; ++i) {
+    const int32_t t = s.sample(logits, {});
+    top += logits[size_t(t)] == 3.0f;
+    seen.insert(t);
+  }
+  EXPECT_NEAR(double(top) / draws, top_mass, 0.015);
+  EXPECT_GT(seen.size(), 1000u);  // the nucleus holds nearly all of the flat tokens
+}
+
 // A vocabulary of 200K: every draw lies in the set a full sort gives for the cut (ties at the
 // edge included, lower ids first), and ties and NaNs are placed as the order says.
 TEST(Sampler, LargeVocabularyCutsAgreeWithAFullSort) {

@@ -54,89 +54,81 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   if (p.temperature <= 0.0f) return int32_t(std::max_element(work_.begin(), work_.end()) - work_.begin());
 
-  // Each logit over the temperature; a NaN is never drawn.
-  for (float& l : work_) l /= p.temperature;  // separate passes: each one vectorizes
-  for (float& l : work_) l = std::isnan(l) ? -INFINITY : l;
-  const float top = *std::max_element(work_.begin(), work_.end());
-  if (!std::isfinite(top))  // no finite logit, or an infinite one: the first of the largest
-    return int32_t(std::find(work_.begin(), work_.end(), top) - work_.begin());
+  const float temperature = p.temperature;  // held apart from the logits, so the loop vectorizes
+  for (float& l : work_) {                  // each logit over the temperature; a NaN is never drawn
+    const float v = l / temperature;
+    l = v == v ? v : -INFINITY;
+  }
 
-  // Candidates in descending logit, ties keeping the lower id first. Only as much is ordered as
-  // top_k, the cuts and the draw reach (a full sort of a 250K vocabulary took ~30 ms a token):
-  // `order_` grows in sorted prefixes, each picked from what is left.
+  // The candidates: every id, or the top_k of them (descending logit, ties to the lower id). The
+  // cuts keep sets: the smallest set of most likely candidates reaching top_p, those within min_p
+  // of the best. A draw walks its set in whatever order it lies, which draws alike, so nothing past
+  // top_k is sorted (a full sort of a 250K vocabulary took ~30 ms a token).
   auto before = [&](int32_t a, int32_t b) {
     return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
-  };
-  size_t sorted = 0;
-  auto sort_to = [&](size_t end) {  // order_[0..end) in order
-    std::partial_sort(order_.begin() + ptrdiff_t(sorted), order_.begin() + ptrdiff_t(end), order_.end(), before);
-    sorted = end;
-  };
-  auto sort_through = [&](size_t i) {  // order_[0..i] in order, and some more
-    if (i >= sorted) sort_to(std::min(order_.size(), std::max<size_t>(256, 4 * (i + 1))));
   };
   order_.resize(size_t(n));
   std::iota(order_.begin(), order_.end(), 0);
   const bool top_k = p.top_k > 0 && p.top_k < n;
-  if (top_k) {  // only the top_k candidates stay
-    sort_to(size_t(p.top_k));
+  if (top_k) {
+    std::partial_sort(order_.begin(), order_.begin() + p.top_k, order_.end(), before);
     order_.resize(size_t(p.top_k));
   }
-  // softmax over the candidates: weights exp(logit - top), by id
+  const float top = top_k ? work_[size_t(order_[0])] : *std::max_element(work_.begin(), work_.end());
+  if (!std::isfinite(top))  // no finite logit, or an infinite one: the first of the largest
+    return top_k ? order_[0] : int32_t(std::find(work_.begin(), work_.end(), top) - work_.begin());
+  // softmax weights exp(logit - top), by id; the most likely weighs 1
   weights_.resize(size_t(n));
   double total = 0;
-  if (top_k) {
-    for (int32_t t : order_) total += weights_[size_t(t)] = std::exp(work_[size_t(t)] - top);
-  } else {
-    for (int64_t i = 0; i < n; ++i) total += weights_[size_t(i)] = std::exp(work_[size_t(i)] - top);
-  }
-  auto prob = [&](size_t i) { return double(weights_[size_t(order_[i])]) / total; };
-  const size_t kept = order_.size();
-  if (p.top_p >= 1.0f && p.min_p <= 0.0f) {  // no cut: any order of the candidates draws alike
-    double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
-    for (size_t i = 0; i < kept; ++i) {  // order_: sorted with top_k, ids otherwise
-      const double q = prob(i);
-      if (u < q) return order_[i];
-      u -= q;
-    }
-    sort_through(0);  // rounding left u past the end: the most likely
-    return order_[0];
-  }
-  size_t cut = kept;
-  double mass = 1.0;     // of the candidates before the cut
-  if (p.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
-    double reached = 0;
-    for (size_t i = 0; i < kept; ++i) {
-      sort_through(i);
-      reached += prob(i);
-      if (reached >= double(p.top_p)) {
-        cut = i + 1, mass = reached;
-        break;
-      }
-    }
-  }
-  if (p.min_p > 0.0f) {  // drop candidates below min_p times the most likely one
-    sort_through(0);
-    const double floor = double(p.min_p) * prob(0);
-    size_t i = 1;
-    double kept_mass = prob(0);
-    while (i < cut) {
-      sort_through(i);
-      const double q = prob(i);
-      if (q < floor) break;
-      kept_mass += q, ++i;
-    }
-    if (i < cut) cut = i, mass = kept_mass;
-  }
+  for (int32_t t : order_) total += weights_[size_t(t)] = std::exp(work_[size_t(t)] - top);
+  size_t cut = order_.size();
+  if (p.top_p < 1.0f) cut = nucleus(double(p.top_p) * total, before);
+  if (p.min_p > 0.0f)  // a probability of at least min_p times the most likely's
+    cut = size_t(std::partition(order_.begin(), order_.begin() + ptrdiff_t(cut),
+                                [&](int32_t t) { return weights_[size_t(t)] >= p.min_p; }) -
+                 order_.begin());
+  double mass = 0;
+  for (size_t i = 0; i < cut; ++i) mass += weights_[size_t(order_[i])];
   double u = std::uniform_real_distribution<double>(0.0, mass)(rng_);
   for (size_t i = 0; i < cut; ++i) {
-    sort_through(i);
-    const double q = prob(i);
-    if (u < q) return order_[i];
-    u -= q;
+    const double w = weights_[size_t(order_[i])];
+    if (u < w) return order_[i];
+    u -= w;
   }
-  sort_through(cut - 1);
-  return order_[cut - 1];
+  return *std::min_element(order_.begin(), order_.begin() + ptrdiff_t(cut), before);  // rounding: the best
+}
+
+template <typename Before>
+size_t Sampler::nucleus(double target, const Before& before) {
+  // The most likely 256 first, sorted: a trained model's nucleus is usually among them.
+  size_t lo = std::min<size_t>(256, order_.size()), hi = order_.size();
+  std::partial_sort(order_.begin(), order_.begin() + ptrdiff_t(lo), order_.end(), before);
+  double above = 0;  // the weight of order_[0..lo), all in the set
+  for (size_t i = 0; i < lo; ++i)
+    if ((above += weights_[size_t(order_[i])]) >= target) return i + 1;
+  // Otherwise a selection: partition [lo, hi) around a pivot, keep to the side the boundary is in.
+  while (hi - lo > 32) {
+    const int32_t a = order_[lo], b = order_[lo + (hi - lo) / 2], c = order_[hi - 1];
+    const int32_t pivot =
+        before(a, b) ? (before(b, c) ? b : (before(a, c) ? c : a)) : (before(a, c) ? a : (before(b, c) ? c : b));
+    const auto first = order_.begin() + ptrdiff_t(lo), last = order_.begin() + ptrdiff_t(hi);
+    const auto split = std::partition(first, last, [&](int32_t t) { return before(t, pivot); });
+    std::iter_swap(split, std::find(split, last, pivot));  // the pivot right after those before it
+    const size_t m = size_t(split - order_.begin());
+    double w = 0;
+    for (size_t i = lo; i < m; ++i) w += weights_[size_t(order_[i])];
+    if (above + w >= target) {
+      hi = m;
+      continue;
+    }
+    above += w + weights_[size_t(pivot)];
+    if (above >= target) return m + 1;
+    lo = m + 1;
+  }
+  std::sort(order_.begin() + ptrdiff_t(lo), order_.begin() + ptrdiff_t(hi), before);
+  for (size_t i = lo; i < hi; ++i)
+    if ((above += weights_[size_t(order_[i])]) >= target) return i + 1;
+  return hi;  // rounding: all of them
 }
 
 }  // namespace kiln

@@ -51,11 +51,16 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  // Moves the smallest set of most likely candidates whose weights reach `target` to the front of
+  // order_ and returns its size.
+  template <typename Before>
+  size_t nucleus(double target, const Before& before);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<float> work_;     // the logits as the draw sees them, by id
   std::vector<float> weights_;  // exp(logit - the largest), by id
-  std::vector<int32_t> order_;  // the candidates, sorted in a growing prefix
+  std::vector<int32_t> order_;  // the candidates
 };
 
 }  // namespace kiln

@@ -69,14 +69,14 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   };
   order_.resize(size_t(n));
   std::iota(order_.begin(), order_.end(), 0);
-  const bool top_k = p.top_k > 0 && p.top_k < n;
-  if (top_k) {
+  const bool cut_to_top_k = p.top_k > 0 && p.top_k < n;
+  if (cut_to_top_k) {
     std::partial_sort(order_.begin(), order_.begin() + p.top_k, order_.end(), before);
     order_.resize(size_t(p.top_k));
   }
-  const float top = top_k ? work_[size_t(order_[0])] : *std::max_element(work_.begin(), work_.end());
+  const float top = cut_to_top_k ? work_[size_t(order_[0])] : *std::max_element(work_.begin(), work_.end());
   if (!std::isfinite(top))  // no finite logit, or an infinite one: the first of the largest
-    return top_k ? order_[0] : int32_t(std::find(work_.begin(), work_.end(), top) - work_.begin());
+    return cut_to_top_k ? order_[0] : int32_t(std::find(work_.begin(), work_.end(), top) - work_.begin());
   // softmax weights exp(logit - top), by id; the most likely weighs 1
   weights_.resize(size_t(n));
   double total = 0;

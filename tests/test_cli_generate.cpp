@@ -56,6 +56,32 @@ TEST_F(CliGenerate, SameSeedSameOutput) {
   EXPECT_EQ(raw.output, kiln("generate " + model_ + " --prompt 'Once upon' --raw --max-tokens 8 --temp 0").output);
 }
 
+// A model directory whose generation_config.json sets temperature 0: generate without --temp is
+// greedy and says why on stderr; the command line's own settings win, and --generation-config none
+// keeps kiln's defaults (temperature 1).
+TEST_F(CliGenerate, SamplingDefaultsFromGenerationConfig) {
+  TempDir dir;
+  const std::string greedy_model = dir.path() + "/model";
+  std::filesystem::create_directory(greedy_model);
+  for (const auto& entry : std::filesystem::directory_iterator(model_))
+    std::filesystem::create_symlink(entry.path(), greedy_model + "/" + entry.path().filename().string());
+  std::ofstream(greedy_model + "/generation_config.json") << R"({"do_sample": true, "temperature": 0})";
+  const std::string ids = " --ids 1,2,3,4 --max-tokens 12 --seed 3";
+  const auto by_default = kiln_all("generate " + greedy_model + ids);
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.output;
+  EXPECT_NE(by_default.output.find("sampling defaults from generation_config.json: temperature 0"), std::string::npos)
+      << by_default.output;
+  const auto greedy = kiln("generate " + model_ + ids + " --temp 0");
+  const auto sampled = kiln("generate " + model_ + ids + " --temp 1");
+  ASSERT_NE(greedy.output, sampled.output);  // the seed draws something else than the greedy choice
+  EXPECT_EQ(kiln("generate " + greedy_model + ids).output, greedy.output);
+  EXPECT_EQ(kiln("generate " + greedy_model + ids + " --temp 1").output, sampled.output);
+  EXPECT_EQ(kiln("generate " + greedy_model + ids + " --generation-config none").output, sampled.output);
+  const auto wrong = kiln_all("generate " + greedy_model + ids + " --generation-config maybe");
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.output.find("--generation-config"), std::string::npos) << wrong.output;
+}
+
 TEST_F(CliGenerate, BadPromptsFailClearly) {
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"generate " + model_ + " --prompt ''", "prompt is empty"},

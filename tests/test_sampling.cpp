@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -10,10 +11,54 @@
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/sampling_defaults.h"
 #include "runtime/stop_strings.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {
+
+// generation_config.json's sampling keys as defaults: absent file, the keys a model ships (do_sample
+// not read), values out of range left out, top_k 0 or -1 as off, and a file that is not an object.
+TEST(SamplingDefaults, FromGenerationConfig) {
+  test::TempDir dir;
+  auto write = [&](const std::string& text) { std::ofstream(dir.path() + "/generation_config.json") << text; };
+  auto none = load_sampling_defaults(dir.path());
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+
+  write(R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": [1, 2]})");
+  auto qwen = load_sampling_defaults(dir.path());
+  ASSERT_TRUE(qwen.ok()) << qwen.error().message;
+  EXPECT_EQ(qwen->describe(), "temperature 0.6, top_k 20, top_p 0.95");
+  SamplingParams p{.seed = 7};
+  qwen->apply(p);
+  EXPECT_FLOAT_EQ(p.temperature, 0.6f);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_FLOAT_EQ(p.top_p, 0.95f);
+  EXPECT_FLOAT_EQ(p.min_p, 0.0f);  // untouched
+  EXPECT_FLOAT_EQ(p.repetition_penalty, 1.0f);
+  EXPECT_EQ(p.seed, 7u);
+
+  write(R"({"temperature": -1, "top_p": 1.5, "min_p": 0.05, "top_k": 2.5, "repetition_penalty": 0})");
+  auto bad = load_sampling_defaults(dir.path());
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->describe(), "min_p 0.05");
+
+  write(R"({"temperature": "hot", "top_k": 0, "top_p": null, "repetition_penalty": 1.05})");
+  auto mixed = load_sampling_defaults(dir.path());
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_EQ(mixed->describe(), "repetition_penalty 1.05");
+  write(R"({"top_k": -1, "do_sample": false})");
+  EXPECT_TRUE(load_sampling_defaults(dir.path())->empty());
+
+  write("[1, 2]");
+  auto list = load_sampling_defaults(dir.path());
+  ASSERT_FALSE(list.ok());
+  EXPECT_NE(list.error().message.find("generation_config.json"), std::string::npos);
+  write("{not json");
+  EXPECT_FALSE(load_sampling_defaults(dir.path()).ok());
+}
 
 TEST(Sampler, GreedyAndPenalties) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, -1.0f};

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "server/handlers.h"
 #include "server/output_parser.h"
 #include "server/request_fields.h"
 #include "server/service.h"
@@ -106,6 +107,29 @@ TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {
   // without tools the markup is plain text; text that merely starts like a marker is kept
   const OutputDelta plain = parse(qwen_format(false), "a <tool_call>x</tool_call> <thin", 1);
   EXPECT_EQ(plain.content, "a <tool_call>x</tool_call> <thin");
+}
+
+// A request's sampling starts from the served model's defaults (its generation_config.json) and
+// whatever the request sets wins.
+TEST(RequestFields, SamplingStartsFromTheModelsDefaults) {
+  SamplingParams defaults;
+  defaults.temperature = 0.6f;
+  defaults.top_k = 20;
+  defaults.top_p = 0.95f;
+  RequestFields bare(json::object());
+  SamplingParams s = read_sampling(bare, defaults);
+  EXPECT_TRUE(bare.ok());
+  EXPECT_FLOAT_EQ(s.temperature, 0.6f);
+  EXPECT_EQ(s.top_k, 20);
+  EXPECT_FLOAT_EQ(s.top_p, 0.95f);
+  const json body = json::parse(R"({"temperature": 0, "top_k": 5, "seed": 4})");
+  RequestFields own(body);
+  s = read_sampling(own, defaults);
+  EXPECT_TRUE(own.ok());
+  EXPECT_FLOAT_EQ(s.temperature, 0.0f);
+  EXPECT_EQ(s.top_k, 5);
+  EXPECT_FLOAT_EQ(s.top_p, 0.95f);
+  EXPECT_EQ(s.seed, 4u);
 }
 
 TEST(RequestFields, TypesAndRanges) {

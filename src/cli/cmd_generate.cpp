@@ -110,6 +110,7 @@ void add_generate_command(CLI::App& app, Action& action) {
   cmd->callback([options, &action] {
     action = [options]() -> Status {
       KILN_ASSIGN(options->model_dir, resolve_model_dir(options->model_dir));
+      KILN_TRY(apply_sampling_defaults(options->model_dir, options->generation));
       return run_generate(*options);
     };
   });

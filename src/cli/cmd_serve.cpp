@@ -17,6 +17,7 @@
 #include "cli/default_model.h"
 #include "cli/validators.h"
 #include "models/model.h"
+#include "runtime/sampling_defaults.h"
 #include "runtime/scheduler.h"
 #include "server/server.h"
 
@@ -31,6 +32,7 @@ struct ServeOptions {
   SchedulerOptions scheduler{
       .max_batch = 32, .context = 4096, .prefill_chunk = 256, .prompt_cache_bytes = size_t(2) << 30};
   int grace_seconds = 30;
+  std::string generation_config = "auto";  // auto: the model's sampling defaults; none: kiln's
   RunOptions run;
 };
 
@@ -73,6 +75,15 @@ Status serve(ServeOptions o) {
                    tmpl.error().message);
   } else {
     spdlog::warn("no tokenizer ({}): prompts must be token ids", tokenizer.error().message);
+  }
+  if (o.generation_config == "auto") {
+    KILN_ASSIGN(const SamplingDefaults defaults, load_sampling_defaults(model_dir));
+    defaults.apply(served.sampling);
+    if (!defaults.empty())
+      spdlog::info(
+          "sampling defaults from generation_config.json: {} (a request's own settings win; "
+          "--generation-config none ignores them)",
+          defaults.describe());
   }
   KILN_ASSIGN(auto model, load_model(model_dir, *backend));
   KILN_ASSIGN(auto scheduler, Scheduler::create(*model, o.scheduler));
@@ -139,6 +150,11 @@ void add_serve_command(CLI::App& app, Action& action) {
   cmd->add_option("--grace", o->grace_seconds, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()
       ->check(non_negative_number());
+  cmd->add_option("--generation-config", o->generation_config,
+                  "auto: sampling a request leaves unset follows the model's generation_config.json; none: "
+                  "kiln's defaults (temperature 1, no cuts)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none"}));
   add_run_options(*cmd, o->run);
   cmd->callback([o, &action] { action = [o] { return serve(*o); }; });
 }

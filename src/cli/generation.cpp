@@ -7,6 +7,7 @@
 
 #include "cli/validators.h"
 #include "runtime/prefill.h"
+#include "runtime/sampling_defaults.h"
 #include "runtime/stop_strings.h"
 
 namespace kiln::cli {
@@ -32,12 +33,21 @@ std::optional<std::pair<int32_t, float>> parse_logit_bias(const std::string& ite
 
 void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
   cmd.add_option("--max-tokens", o.max_tokens, "Most tokens to generate")->check(positive_number());
-  cmd.add_option("--temp", o.sampling.temperature, "Temperature (0: greedy)")->check(non_negative_number());
-  cmd.add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass")->check(number_in(0.0, 1.0));
-  cmd.add_option("--top-k", o.sampling.top_k, "Sample among the k most likely (0: all)")->check(non_negative_number());
-  cmd.add_option("--min-p", o.sampling.min_p, "Drop tokens below this share of the best")->check(number_in(0.0, 1.0));
-  cmd.add_option("--repetition-penalty", o.sampling.repetition_penalty, "transformers' repetition penalty")
-      ->check(positive_number());
+  o.given.temperature =
+      cmd.add_option("--temp", o.sampling.temperature, "Temperature (0: greedy)")->check(non_negative_number());
+  o.given.top_p = cmd.add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass")->check(number_in(0.0, 1.0));
+  o.given.top_k = cmd.add_option("--top-k", o.sampling.top_k, "Sample among the k most likely (0: all)")
+                      ->check(non_negative_number());
+  o.given.min_p = cmd.add_option("--min-p", o.sampling.min_p, "Drop tokens below this share of the best")
+                      ->check(number_in(0.0, 1.0));
+  o.given.repetition_penalty =
+      cmd.add_option("--repetition-penalty", o.sampling.repetition_penalty, "transformers' repetition penalty")
+          ->check(positive_number());
+  cmd.add_option("--generation-config", o.generation_config,
+                 "auto: sampling options not given follow the model's generation_config.json; none: kiln's "
+                 "defaults (temperature 1, no cuts)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none"}));
   cmd.add_option("--presence-penalty", o.sampling.presence_penalty, "OpenAI's presence penalty")
       ->check(number_in(-2.0, 2.0));
   cmd.add_option("--frequency-penalty", o.sampling.frequency_penalty, "OpenAI's frequency penalty")
@@ -58,6 +68,22 @@ void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
   cmd.add_option("--stop", o.stops, "Stop when the text contains this (repeatable)");
   cmd.add_option("--ctx", o.context, "Context size in tokens (default: enough for the request)")
       ->check(non_negative_number());
+}
+
+Status apply_sampling_defaults(const std::string& model_dir, GenerationOptions& o) {
+  if (o.generation_config != "auto") return ok_status();
+  KILN_ASSIGN(SamplingDefaults defaults, load_sampling_defaults(model_dir));
+  auto given = [](const CLI::Option* option) { return option && option->count() > 0; };
+  if (given(o.given.temperature)) defaults.temperature.reset();
+  if (given(o.given.top_k)) defaults.top_k.reset();
+  if (given(o.given.top_p)) defaults.top_p.reset();
+  if (given(o.given.min_p)) defaults.min_p.reset();
+  if (given(o.given.repetition_penalty)) defaults.repetition_penalty.reset();
+  if (defaults.empty()) return ok_status();
+  defaults.apply(o.sampling);
+  fmt::print(stderr, "sampling defaults from generation_config.json: {} (--generation-config none ignores them)\n",
+             defaults.describe());
+  return ok_status();
 }
 
 Status check_logit_bias(const SamplingParams& sampling, int64_t vocab_size) {

@@ -22,6 +22,12 @@ struct GenerationOptions {
   int64_t context = 0;  // 0: the prompt plus max_tokens, within the model's limit
   SamplingParams sampling;
   std::vector<std::string> stops;
+  std::string generation_config = "auto";  // auto: unset sampling follows the model's generation_config.json
+  // The sampling options as parsed, which tell what the command line set itself.
+  struct {
+    CLI::Option *temperature = nullptr, *top_k = nullptr, *top_p = nullptr, *min_p = nullptr,
+                *repetition_penalty = nullptr;
+  } given;
 };
 
 struct GenerationStats {
@@ -34,6 +40,9 @@ struct GenerationStats {
 
 // Options shared by generate and chat.
 void add_sampling_options(CLI::App& command, GenerationOptions& options);
+// With --generation-config auto, the sampling settings the command line left unset take the values
+// of MODEL_DIR/generation_config.json (noted on stderr when there are any).
+Status apply_sampling_defaults(const std::string& model_dir, GenerationOptions& options);
 
 // Refuses a --logit-bias token outside the model's vocabulary (the sampler would skip it silently).
 Status check_logit_bias(const SamplingParams& sampling, int64_t vocab_size);

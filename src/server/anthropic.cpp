@@ -144,7 +144,7 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   bool stream = false;
   fields.boolean("stream", stream);
   fields.strings("stop_sequences", request.stops, 16);
-  request.sampling = read_sampling(fields, 1.0f);
+  request.sampling = read_sampling(fields, service.model().sampling);
   const json* messages = fields.array("messages", true);
   const json* tools = fields.array("tools");
   json kwargs = json::object();

@@ -44,7 +44,7 @@ class ClientConnection {
 std::variant<nlohmann::json, ApiError> parse_body(const httplib::Request& req);
 
 // Sampling fields shared by the OpenAI endpoints (temperature, top_p, top_k, min_p, penalties, seed).
-SamplingParams read_sampling(RequestFields& fields, float default_temperature);
+SamplingParams read_sampling(RequestFields& fields, const SamplingParams& defaults);
 
 // OpenAI's error object.
 nlohmann::json openai_error(const ApiError& error);

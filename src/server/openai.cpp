@@ -247,7 +247,8 @@ void read_logit_bias(RequestFields& fields, std::vector<std::pair<int32_t, float
 }
 
 // Fields both endpoints read: stream, stream_options, n, stop, max_tokens, sampling.
-void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request, int64_t default_max_tokens) {
+void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request, int64_t default_max_tokens,
+                 const SamplingParams& sampling_defaults) {
   fields.boolean("stream", ex.stream);
   if (const json* options = fields.object("stream_options")) {
     RequestFields o(*options);
@@ -270,7 +271,7 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
   request.max_tokens = default_max_tokens;
   fields.integer("max_tokens", 1, INT32_MAX, request.max_tokens);
   if (ex.chat) fields.integer("max_completion_tokens", 1, INT32_MAX, request.max_tokens);
-  request.sampling = read_sampling(fields, 1.0f);
+  request.sampling = read_sampling(fields, sampling_defaults);
   read_logit_bias(fields, request.sampling.logit_bias);
   // chat: logprobs a boolean, top_logprobs the alternatives; completions: logprobs the alternatives
   if (ex.chat) {
@@ -290,13 +291,12 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
 
 }  // namespace
 
-SamplingParams read_sampling(RequestFields& fields, float default_temperature) {
-  SamplingParams s;
-  s.temperature = default_temperature;
+SamplingParams read_sampling(RequestFields& fields, const SamplingParams& defaults) {
+  SamplingParams s = defaults;
   fields.number("temperature", 0, 2, s.temperature);
   fields.number("top_p", 0, 1, s.top_p);
   if (s.top_p <= 0) s.top_p = 1e-6f;  // keeps the most likely token only
-  int64_t top_k = 0;
+  int64_t top_k = s.top_k;
   fields.integer("top_k", -1, 1 << 30, top_k);
   s.top_k = top_k < 0 ? 0 : int(top_k);
   fields.number("min_p", 0, 1, s.min_p);
@@ -324,7 +324,7 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
   if (auto e = service.check_model(model)) return fail(*e);
   Exchange ex{.id = random_id("chatcmpl-"), .created = int64_t(std::time(nullptr)), .chat = true, .endpoint = endpoint};
   GenerationRequest request;
-  read_common(fields, ex, request, 0);
+  read_common(fields, ex, request, 0, service.model().sampling);
   const json* messages = fields.array("messages", true);
   const json* tools = fields.array("tools");
   std::string tool_choice = "auto";
@@ -399,7 +399,7 @@ void handle_completions(Service& service, const httplib::Request& req, httplib::
   if (auto e = service.check_model(model)) return fail(*e);
   Exchange ex{.id = random_id("cmpl-"), .created = int64_t(std::time(nullptr)), .chat = false, .endpoint = endpoint};
   GenerationRequest request;
-  read_common(fields, ex, request, 16);
+  read_common(fields, ex, request, 16, service.model().sampling);
   bool echo = false;
   fields.boolean("echo", echo);
   if (echo) fields.fail("echo", "'echo' is not supported");

@@ -28,6 +28,9 @@ struct ServedModel {
   std::shared_ptr<const Tokenizer> tokenizer;  // null: the model directory has no tokenizer files
   std::optional<ChatTemplate> chat_template;
   std::string name;  // the id clients pass as "model"
+  // What a request's sampling starts from: kiln's defaults with the model's generation_config.json
+  // sampling applied (unless the server was told to ignore it).
+  SamplingParams sampling;
 };
 
 struct Prompt {

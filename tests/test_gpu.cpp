@@ -202,6 +202,47 @@ TEST_F(Gpu, ResidualNorm) {
   }
 }
 
+// A long bf16 row's norm gives the bits the residual update's next norm gives the same row (a step
+// takes the first or the second for its final norm depending on which rows want logits), and the
+// CPU's values; also without a weight, and on a row-strided view.
+TEST_F(Gpu, LongRowNormHasTheResidualUpdatesBits) {
+  for (int64_t cols : {1024, 2560, 3840, 5376}) {
+    const int64_t rows = 3;
+    Tensor h = random(Shape{rows, cols}, 2.0f), w = random(Shape{cols});
+    Tensor hg = gpu->upload(h, DType::bf16), wg = to_gpu(w, DType::f32);
+    for (bool weighted : {true, false}) {
+      const Tensor weight = weighted ? wg : Tensor();
+      Tensor alone = gpu->alloc(DType::bf16, Shape{rows, cols}), fused = gpu->alloc(DType::bf16, Shape{rows, cols});
+      gpu->rms_norm(hg, weight, 1e-6f, 1.0f, alone);
+      Tensor zero = gpu->alloc(DType::bf16, Shape{rows, cols});
+      gpu->fill(zero, 0.0f);
+      Tensor residual = gpu->alloc(DType::bf16, Shape{rows, cols});
+      gpu->copy(hg, residual);
+      gpu->residual_norm(ResidualNormArgs{.residual = residual,
+                                          .block_out = zero,
+                                          .next = fused,
+                                          .next_norm = weight,
+                                          .eps = 1e-6f,
+                                          .norm_offset = 1.0f});
+      Tensor a = gpu->to_host(alone), f = gpu->to_host(fused);
+      EXPECT_EQ(std::memcmp(a.data(), f.data(), size_t(a.numel()) * sizeof(float)), 0) << cols << " " << weighted;
+      Tensor want = cpu.alloc(DType::f32, Shape{rows, cols});
+      cpu.rms_norm(gpu->to_host(hg), weighted ? w : Tensor(), 1e-6f, 1.0f, want);
+      EXPECT_LT(rel(a, want), 1e-2) << cols << " " << weighted;
+    }
+    // the right half of a wider tensor, into a strided view
+    Tensor wide = gpu->upload(random(Shape{rows, 2 * cols}), DType::bf16);
+    Tensor out_wide = gpu->alloc(DType::bf16, Shape{rows, 2 * cols});
+    Tensor out_view = out_wide.cols_view(cols, cols);
+    gpu->rms_norm(wide.cols_view(cols, cols), wg, 1e-6f, 0.0f, out_view);
+    Tensor want = cpu.alloc(DType::f32, Shape{rows, cols});
+    cpu.rms_norm(gpu->to_host(wide).cols_view(cols, cols), w, 1e-6f, 0.0f, want);
+    Tensor got = cpu.alloc(DType::f32, Shape{rows, cols});
+    cpu.copy(gpu->to_host(out_wide).cols_view(cols, cols), got);
+    EXPECT_LT(rel(got, want), 1e-2) << cols;
+  }
+}
+
 // A block's output projection with the residual update after it: the fused launch (one or two
 // rows, 8 warps a tile) against the CPU, and bit for bit against the product and the update run
 // one after the other, which is what rows of a larger step get; twice in a row, since the launch

@@ -42,8 +42,15 @@ Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> 
   return out;
 }
 
+bool selects_every_row(const BatchLayout& layout, LogitRows rows) {
+  if (rows == LogitRows::all) return true;
+  for (size_t s = 0; s < layout.seqs.size(); ++s)
+    if (layout.seqs[s].n_rows != 1 || layout.seqs[s].row_begin != int64_t(s)) return false;
+  return int64_t(layout.seqs.size()) == layout.n_tokens;
+}
+
 Tensor select_rows(Backend& backend, const Tensor& h, const BatchLayout& layout, LogitRows rows) {
-  if (rows == LogitRows::all) return h;
+  if (selects_every_row(layout, rows)) return h;
   Tensor out = backend.alloc(h.dtype(), Shape{int64_t(layout.seqs.size()), h.cols()});
   for (size_t s = 0; s < layout.seqs.size(); ++s) {
     Tensor dst = out.rows_view(int64_t(s), 1);

@@ -17,6 +17,9 @@ Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> 
 
 // The rows of h [T, hidden] whose logits are wanted.
 Tensor select_rows(Backend& backend, const Tensor& h, const BatchLayout& layout, LogitRows rows);
+// Whether select_rows gives every row of h in order (all rows wanted, or a decode step's one row a
+// sequence): then the final norm can come with the last residual update.
+bool selects_every_row(const BatchLayout& layout, LogitRows rows);
 
 // Moves every sequence past the tokens it just consumed.
 void advance_sequences(const BatchLayout& layout);

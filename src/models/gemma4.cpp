@@ -584,9 +584,24 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
   const int64_t L = config_.num_hidden_layers;
   const float eps = float(config_.rms_norm_eps);
   Tensor x = norm(h, layers_[0].input_layernorm);  // each block's input norm comes with the residual update before it
+  // the final norm too, when the logits are wanted for every row
+  const bool every_row = selects_every_row(batch, rows);
+  Tensor final_normed;
   for (int64_t l = 0; l < L; ++l) {
     const Gemma4Layer& w = layers_[size_t(l)];
     const bool last = l + 1 == L;
+    // where the layer's last residual update writes its norms: the next layer's input, or the final
+    auto normed_next = [&](ResidualNormArgs& update) {
+      if (!last) {
+        x = backend_.alloc(dt, Shape{T, H});
+        update.next = x;
+        update.next_norm = layers_[size_t(l + 1)].input_layernorm;
+      } else if (every_row) {
+        final_normed = backend_.alloc(dt, Shape{T, H});
+        update.next = final_normed;
+        update.next_norm = norm_weight;
+      }
+    };
     // h += post_attention_layernorm(attention), and the feed-forward block's input norms of h
     FeedForwardInputs ff_in{.mlp = backend_.alloc(dt, Shape{T, H})};
     ResidualNormArgs attn_residual{.residual = h,
@@ -605,11 +620,7 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
     ResidualNormArgs ff_residual{.residual = h, .block_norm = w.post_feedforward_layernorm, .eps = eps};
     if (P == 0) {
       ff_residual.scale = w.layer_scalar;
-      if (!last) {
-        x = backend_.alloc(dt, Shape{T, H});
-        ff_residual.next = x;
-        ff_residual.next_norm = layers_[size_t(l + 1)].input_layernorm;
-      }
+      normed_next(ff_residual);
     }
     feed_forward_block(l, ff_in, ff_residual);
     if (P == 0) continue;
@@ -617,15 +628,15 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
     backend_.matmul(h, w.per_layer_input_gate, gate);
     backend_.glu(gate, ple.cols_view(l * P, P), Activation::gelu_tanh, gate);
     Tensor proj = backend_.alloc(dt, Shape{T, H});
-    const ResidualNormArgs per_layer_residual{
+    ResidualNormArgs per_layer_residual{
         .residual = h, .block_norm = w.post_per_layer_input_norm, .eps = eps, .scale = w.layer_scalar};
+    normed_next(per_layer_residual);
     output_projection(backend_, gate, w.per_layer_projection, proj, &per_layer_residual);
-    if (!last) x = norm(h, layers_[size_t(l + 1)].input_layernorm);
   }
 
-  Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);
-  Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});
-  backend_.matmul(last, lm_head, logits);
+  if (!final_normed.defined()) final_normed = norm(select_rows(backend_, h, batch, rows), norm_weight);
+  Tensor logits = backend_.alloc(DType::f32, Shape{final_normed.rows(), config_.vocab_size});
+  backend_.matmul(final_normed, lm_head, logits);
   if (config_.final_logit_softcapping) backend_.softcap(logits, float(*config_.final_logit_softcapping));
   return logits;
 }

@@ -442,6 +442,9 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
   const float eps = float(config_.rms_norm_eps);
   const DType dt = backend_.activation_dtype();
   Tensor x = norm(h, layers_[0].input_layernorm);  // each block's input norm comes with the residual update before it
+  // the final norm too, when the logits are wanted for every row
+  const bool every_row = selects_every_row(batch, rows);
+  Tensor last;
   for (int64_t l = 0; l < L; ++l) {
     const Qwen35Layer& w = layers_[size_t(l)];
     Tensor ff_in = backend_.alloc(dt, Shape{T, H});
@@ -456,10 +459,14 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
       x = backend_.alloc(dt, Shape{T, H});
       ff_residual.next = x;
       ff_residual.next_norm = layers_[size_t(l + 1)].input_layernorm;
+    } else if (every_row) {
+      last = backend_.alloc(dt, Shape{T, H});
+      ff_residual.next = last;
+      ff_residual.next_norm = norm_weight;
     }
     feed_forward_block(w, ff_in, ff_residual);
   }
-  Tensor last = norm(select_rows(backend_, h, batch, rows), norm_weight);
+  if (!last.defined()) last = norm(select_rows(backend_, h, batch, rows), norm_weight);
   Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});
   backend_.matmul(last, lm_head, logits);
   return logits;

@@ -54,6 +54,21 @@ __device__ __forceinline__ float sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
+// One output of the causal conv over a window right-aligned in arrays of K slots (slot K - 1 the
+// new input xt; slots below `first` unused, never multiplied), summed in this one order by every
+// kernel that forms it; the window then advances by xt.
+template <int K>
+__device__ __forceinline__ float causal_conv_step(const float (&w)[K], float (&history)[K - 1], float xt, int first) {
+  float acc = w[K - 1] * xt;
+#pragma unroll
+  for (int i = 0; i < K - 1; ++i)
+    if (i >= first) acc += w[i] * history[i];
+#pragma unroll
+  for (int i = 0; i + 1 < K - 1; ++i) history[i] = history[i + 1];
+  history[K - 2] = xt;
+  return acc;
+}
+
 // Row-strided 2-D view handed to kernels by value.
 template <typename T>
 struct Rows {

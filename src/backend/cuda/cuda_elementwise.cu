@@ -127,6 +127,52 @@ __global__ void rms_norm_row_kernel(Rows<const T> x, Rows<const T> z, const floa
 
 constexpr int64_t kLongRow = 1024;
 
+// Long bf16 rows in 16-byte chunks: residual_norm_row's layout, sum and products for its next
+// norms, so a row normed here (a step's first norm, or its final one when the logits want only
+// some rows) has the bits the fused update gives it. The weights are requested before the wait.
+template <int kChunks>
+__global__ void __launch_bounds__(kRowThreads)
+    rms_norm_chunks_kernel(Rows<const bf16> x, const float* weight, Rows<bf16> out, int64_t cols, float eps,
+                           float offset) {
+  __shared__ float scratch[kRowWarps];
+  const int64_t chunks = cols / 8, r = blockIdx.x;
+  auto held = [&](int j) { return threadIdx.x + int64_t(j) * kRowThreads < chunks; };
+  auto chunk = [&](int j) { return threadIdx.x + int64_t(j) * kRowThreads; };
+  float w[kChunks][8];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[j][e] = 1.0f;
+    if (held(j) && weight) weights8(weight, chunk(j), offset, w[j]);
+  }
+  wait_for_inputs();
+  const uint4* in = reinterpret_cast<const uint4*>(x.row(r));
+  float v[kChunks][8];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) unpack8(held(j) ? in[chunk(j)] : make_uint4(0, 0, 0, 0), v[j]);
+  float sum = 0;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    if (!held(j)) continue;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum += v[j][e] * v[j][e];
+  }
+  const float inv = rsqrtf(row_sum(sum, scratch) / float(cols) + eps);
+  uint4* o = reinterpret_cast<uint4*>(out.row(r));
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    if (!held(j)) continue;
+    float y[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y[e] = v[j][e] * inv * w[j][e];
+    o[chunk(j)] = pack8(y);
+  }
+}
+
+bool aligned_rows16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && (t.row_stride() * int64_t(dtype_size(t.dtype()))) % 16 == 0;
+}
+
 // A block per row, each thread holding kPerThread columns in registers so that all of a row's
 // loads are in flight at once: the block output's norm, the residual update (rounded to T once, as
 // stored), then the norm of the stored residual for the next block. Rows of any float type and
@@ -346,6 +392,16 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
   const int64_t rows = x.rows();
   if (rows == 0) return;
   const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
+  const int64_t cols = x.cols();
+  if (cols >= kLongRow && cols % 8 == 0 && cols <= kMaxRowNormCols && x.dtype() == DType::bf16 &&
+      out.dtype() == DType::bf16 && aligned_rows16(x) && aligned_rows16(out) &&
+      (!w || reinterpret_cast<uintptr_t>(w) % 16 == 0)) {
+    dispatch_row_chunks(cols, [&](auto chunks) {
+      launch(rms_norm_chunks_kernel<decltype(chunks)::value>, int(rows), kRowThreads, 0, stream, rows_of<const bf16>(x),
+             w, rows_of<bf16>(out), cols, eps, weight_offset);
+    });
+    return;
+  }
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (x.cols() >= kLongRow) {

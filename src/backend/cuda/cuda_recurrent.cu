@@ -52,14 +52,7 @@ __global__ void causal_conv_kernel(StateTable table, Rows<const T> x, const floa
   for (int i = 0; i < kMaxConvKernel - 1; ++i)
     history[i] = i >= first ? to_float(state[(i - first) * channels + c]) : 0.0f;
   for (int64_t t = 0; t < s.n_rows; ++t) {
-    const float xt = to_float(x.row(s.row_begin + t)[c]);
-    float acc = w[kMaxConvKernel - 1] * xt;
-#pragma unroll
-    for (int i = 0; i < kMaxConvKernel - 1; ++i)
-      if (i >= first) acc += w[i] * history[i];
-#pragma unroll
-    for (int i = 0; i + 1 < kMaxConvKernel - 1; ++i) history[i] = history[i + 1];
-    history[kMaxConvKernel - 2] = xt;
+    const float acc = causal_conv_step(w, history, to_float(x.row(s.row_begin + t)[c]), first);
     out.row(s.row_begin + t)[c] = from_float<T>(apply_silu ? silu(acc) : acc);
   }
 #pragma unroll
@@ -106,13 +99,7 @@ __global__ void causal_conv_runs_kernel(StateTable table, Rows<const T> x, const
 #pragma unroll
   for (int t = 0; t < kConvRun; ++t) {
     if (t < len) {
-      float acc = w[kMaxConvKernel - 1] * xs[t];
-#pragma unroll
-      for (int i = 0; i < kMaxConvKernel - 1; ++i)
-        if (i >= first) acc += w[i] * history[i];
-#pragma unroll
-      for (int i = 0; i + 1 < kMaxConvKernel - 1; ++i) history[i] = history[i + 1];
-      history[kMaxConvKernel - 2] = xs[t];
+      const float acc = causal_conv_step(w, history, xs[t], first);
       out.row(row0 + t)[c] = from_float<T>(apply_silu ? silu(acc) : acc);
     }
   }

@@ -67,12 +67,27 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   auto before = [&](int32_t a, int32_t b) {
     return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
   };
-  order_.resize(size_t(n));
-  std::iota(order_.begin(), order_.end(), 0);
   const bool cut_to_top_k = p.top_k > 0 && p.top_k < n;
   if (cut_to_top_k) {
-    std::partial_sort(order_.begin(), order_.begin() + p.top_k, order_.end(), before);
-    order_.resize(size_t(p.top_k));
+    // One pass with the best k so far in a heap whose root is the worst of them: nearly every
+    // logit loses to the root at once (a later id never wins a tie), so the pass is one comparison
+    // a logit instead of partial_sort's work through an index array.
+    const size_t k = size_t(p.top_k);
+    order_.resize(k);
+    std::iota(order_.begin(), order_.end(), 0);
+    std::make_heap(order_.begin(), order_.end(), before);
+    float worst = work_[size_t(order_[0])];
+    for (int64_t t = int64_t(k); t < n; ++t) {
+      if (!(work_[size_t(t)] > worst)) continue;
+      std::pop_heap(order_.begin(), order_.end(), before);
+      order_.back() = int32_t(t);
+      std::push_heap(order_.begin(), order_.end(), before);
+      worst = work_[size_t(order_[0])];
+    }
+    std::sort_heap(order_.begin(), order_.end(), before);  // most likely first
+  } else {
+    order_.resize(size_t(n));
+    std::iota(order_.begin(), order_.end(), 0);
   }
   const float top = cut_to_top_k ? work_[size_t(order_[0])] : *std::max_element(work_.begin(), work_.end());
   if (!std::isfinite(top))  // no finite logit, or an infinite one: the first of the largest

@@ -2,9 +2,11 @@
 //
 //   kiln_serve_load --url http://127.0.0.1:8080 [--clients 32] [--requests 4] [--prompt-len 64]
 //                   [--max-tokens 64] [--vocab N] [--second-turn 2000]
+//                   [--temperature T --top-k K --top-p P]
 //
 // Prompts are token ids (so models without tokenizer files work) sent to /v1/completions as
-// greedy streamed requests that ask for the generated ids (return_token_ids). It runs every
+// streamed requests that ask for the generated ids (return_token_ids): greedy, or sampled with
+// --temperature (each request seeded with its index, so its single run is still its reference). It runs every
 // prompt alone first (single-stream decode speed and the reference outputs), then all of them
 // from `clients` concurrent clients, `requests` each, and checks that every stream completed,
 // was well formed, and produced exactly the tokens of its single run. Prints single-stream and
@@ -36,7 +38,21 @@ struct Options {
   int max_tokens = 64;
   int64_t vocab = 0;  // 0: from /v1/models' model (asked via a probe) or 32000
   int second_turn = 0;
+  double temperature = 0;  // 0: greedy
+  int top_k = 0;
+  double top_p = 1;
 };
+
+// The sampling fields of request `index`'s body.
+json sampling_fields(const Options& o, int index) {
+  json j = {{"temperature", o.temperature}};
+  if (o.temperature > 0) {
+    j["seed"] = index;
+    if (o.top_k > 0) j["top_k"] = o.top_k;
+    if (o.top_p < 1) j["top_p"] = o.top_p;
+  }
+  return j;
+}
 
 struct Run {
   std::vector<int32_t> tokens;
@@ -65,12 +81,13 @@ std::unique_ptr<httplib::Client> client(const std::string& url) {
   return c;
 }
 
-// One streamed greedy completion; parses every server-sent event.
-Run complete_once(const std::string& url, const std::vector<int32_t>& prompt, int max_tokens) {
+// One streamed completion (greedy unless `sampling` says otherwise); parses every server-sent event.
+Run complete_once(const std::string& url, const std::vector<int32_t>& prompt, int max_tokens, const json& sampling) {
   Run run;
   auto c = client(url);
   json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
                {"stream", true},   {"return_token_ids", true}, {"stream_options", {{"include_usage", true}}}};
+  body.update(sampling);
   std::string buffer;
   bool done = false, finished = false;
   int64_t usage_tokens = -1;
@@ -132,11 +149,12 @@ Run complete_once(const std::string& url, const std::vector<int32_t>& prompt, in
 // before any byte of a response arrived is sent again: with 32 clients connecting at once on a
 // loaded machine, the listening socket's short accept queue can drop a connection. A response
 // that breaks off after it began is not retried: it counts as a failure. Retries are reported.
-Run complete(const std::string& url, const std::vector<int32_t>& prompt, int max_tokens) {
+Run complete(const std::string& url, const std::vector<int32_t>& prompt, int max_tokens,
+             const json& sampling = json::object()) {
   Run run;
   for (int attempt = 0; attempt < 3; ++attempt) {
     const int retries = attempt;
-    run = complete_once(url, prompt, max_tokens);
+    run = complete_once(url, prompt, max_tokens, sampling);
     run.retries = retries;
     if (!run.unanswered) break;
   }
@@ -183,11 +201,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--vocab", o.vocab, "Token ids are drawn below this (default: probed)");
   app.add_option("--second-turn", o.second_turn, "Also time a second chat turn after this many tokens (0: skip)");
+  app.add_option("--temperature", o.temperature, "Sample at this temperature (0: greedy)")->check(CLI::Range(0.0, 2.0));
+  app.add_option("--top-k", o.top_k, "Sampled requests' top_k (0: none)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--top-p", o.top_p, "Sampled requests' top_p")->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
   if (o.vocab <= 0) o.vocab = probe_vocab(o.url);
   std::printf("server %s, vocabulary %lld, %d clients x %d requests, prompt %d, max_tokens %d\n", o.url.c_str(),
               (long long)o.vocab, o.clients, o.requests, o.prompt_len, o.max_tokens);
+  if (o.temperature > 0)
+    std::printf("sampled: temperature %.2f, top_k %d, top_p %.2f, each request seeded with its index\n", o.temperature,
+                o.top_k, o.top_p);
   const int total = o.clients * o.requests;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < total; ++i) prompts.push_back(make_prompt(i, o.prompt_len, o.vocab));
@@ -195,7 +219,7 @@ int main(int argc, char** argv) {
   // 1. every prompt alone
   std::vector<Run> single;
   for (int i = 0; i < total; ++i) {
-    single.push_back(complete(o.url, prompts[i], o.max_tokens));
+    single.push_back(complete(o.url, prompts[i], o.max_tokens, sampling_fields(o, i)));
     if (!single.back().error.empty()) {
       std::printf("FAIL single request %d: %s\n", i, single.back().error.c_str());
       return 1;
@@ -216,7 +240,7 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, c] {
       for (int r = 0; r < o.requests; ++r) {
         const int i = c * o.requests + r;
-        together[size_t(i)] = complete(o.url, prompts[size_t(i)], o.max_tokens);
+        together[size_t(i)] = complete(o.url, prompts[size_t(i)], o.max_tokens, sampling_fields(o, i));
       }
     });
   for (auto& t : threads) t.join();
@@ -230,7 +254,7 @@ int main(int argc, char** argv) {
     if (!r.error.empty()) {
       if (++failed <= 5) std::printf("FAIL concurrent request %d: %s\n", i, r.error.c_str());
     } else if (r.tokens != single[size_t(i)].tokens) {
-      if (++differ <= 5) std::printf("DIFFERS request %d: its greedy tokens differ from its single run\n", i);
+      if (++differ <= 5) std::printf("DIFFERS request %d: its tokens differ from its single run\n", i);
     }
   }
   const double aggregate = double(tokens) / wall;

@@ -99,6 +99,49 @@ TEST_F(Gpu, ArgmaxOfWideRows) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(got.data_as<int32_t>()[r], want3.data_as<int32_t>()[r]) << "row " << r;
 }
 
+// Backend::top_k against the CPU, bit for bit: rows wider than a Gemma vocabulary, ties in
+// different spans, a row of -inf with a NaN and two finite values, a row of many ties, per-row
+// temperatures, k from 1 to the largest, f32 and bf16 logits.
+TEST_F(Gpu, TopKOfWideRows) {
+  const int64_t cols = 262147, rows = 5;
+  Tensor logits = random(Shape{rows, cols}, 10.0f);
+  float* l = logits.data_as<float>();
+  l[1 * cols + 7] = l[1 * cols + 5000] = l[1 * cols + 200000] = 1e3f;
+  for (int64_t c = 0; c < cols; ++c) l[2 * cols + c] = -INFINITY;
+  l[2 * cols + 100000] = NAN, l[2 * cols + 3] = 1.0f, l[2 * cols + cols - 1] = 1.0f;
+  for (int64_t c = 0; c < cols; ++c) l[3 * cols + c] = std::round(l[3 * cols + c]);
+  l[4 * cols + cols - 1] = 1e3f;
+  Tensor temperatures = cpu.alloc(DType::f32, Shape{rows});
+  const float t[rows] = {1.0f, 0.7f, 1.0f, 0.3f, 2.0f};
+  std::copy(t, t + rows, temperatures.data_as<float>());
+  const Tensor temperatures_gpu = gpu->upload(temperatures, DType::f32);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Tensor device = to_gpu(logits, dtype);
+    const Tensor seen = from_gpu(device);  // the values the GPU reads (bf16 rounded)
+    for (int k : {1, 20, 64, Backend::kMaxTopK}) {
+      Tensor want_values = cpu.alloc(DType::f32, Shape{rows, k}), want_ids = cpu.alloc(DType::i32, Shape{rows, k});
+      cpu.top_k(seen, temperatures, k, want_values, want_ids);
+      Tensor values = gpu->alloc(DType::f32, Shape{rows, k}), ids = gpu->alloc(DType::i32, Shape{rows, k});
+      gpu->top_k(device, temperatures_gpu, k, values, ids);
+      const Tensor got_values = from_gpu(values), got_ids = from_gpu(ids);
+      for (int64_t i = 0; i < rows * k; ++i) {
+        ASSERT_EQ(got_ids.data_as<int32_t>()[i], want_ids.data_as<int32_t>()[i])
+            << "row " << i / k << " place " << i % k << ", k " << k << ", " << dtype_name(dtype);
+        ASSERT_EQ(std::memcmp(got_values.data_as<float>() + i, want_values.data_as<float>() + i, 4), 0)
+            << "row " << i / k << " place " << i % k << ", k " << k;
+      }
+    }
+  }
+  // a k the kernels do not take is an error, not garbage (on a backend of its own: the error stays)
+  auto other = make_cuda_backend(0);
+  ASSERT_TRUE(other.ok());
+  Backend& b = **other;
+  Tensor values = b.alloc(DType::f32, Shape{rows, 300}), ids = b.alloc(DType::i32, Shape{rows, 300});
+  b.top_k(b.upload(logits, DType::f32), b.upload(temperatures, DType::f32), 300, values, ids);
+  ASSERT_FALSE(b.status().ok());
+  EXPECT_NE(b.status().error().message.find("top_k: 300 candidates"), std::string::npos);
+}
+
 TEST_F(Gpu, Rope) {
   Tensor x = random(Shape{9, 4, 64});
   Tensor pos = host_tensor(DType::i32, Shape{9});

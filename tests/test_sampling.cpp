@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "runtime/sampler.h"
 #include "runtime/sampling_defaults.h"
 #include "runtime/stop_strings.h"
@@ -223,6 +224,78 @@ TEST(Sampler, LargeVocabularyCutsAgreeWithAFullSort) {
     }
     EXPECT_GT(drawn.size(), std::min<size_t>(cut, 10) / 2);  // draws spread over the cut
   }
+}
+
+// Backend::top_k on the CPU: the sampler's order (the logits over each row's temperature, ties to
+// the lower id, NaN as -inf, -0 equal to +0), most likely first.
+TEST(TopK, TheSamplersOrderRowByRow) {
+  CpuBackend cpu(2);
+  const int64_t cols = 9;
+  const float rows[2][9] = {{1.0f, 3.0f, NAN, 3.0f, -0.0f, 0.0f, -INFINITY, 2.5f, -1.0f},
+                            {0.5f, 0.25f, 4.0f, NAN, NAN, 1.0f, 4.0f, 0.0f, -2.0f}};
+  Tensor logits = cpu.alloc(DType::f32, Shape{2, cols});
+  std::copy(&rows[0][0], &rows[0][0] + 18, logits.data_as<float>());
+  Tensor temperatures = cpu.alloc(DType::f32, Shape{2});
+  temperatures.data_as<float>()[0] = 0.5f, temperatures.data_as<float>()[1] = 2.0f;
+  const int k = 7;
+  Tensor values = cpu.alloc(DType::f32, Shape{2, k}), ids = cpu.alloc(DType::i32, Shape{2, k});
+  cpu.top_k(logits, temperatures, k, values, ids);
+  const int32_t want_ids[2][7] = {{1, 3, 7, 0, 4, 5, 8}, {2, 6, 5, 0, 1, 7, 8}};
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < k; ++j) {
+      const int32_t id = want_ids[r][j];
+      EXPECT_EQ(ids.data_as<int32_t>()[r * k + j], id) << "row " << r << " place " << j;
+      EXPECT_EQ(values.data_as<float>()[r * k + j], rows[r][id] / temperatures.data_as<float>()[r]);
+    }
+  Tensor all_values = cpu.alloc(DType::f32, Shape{2, cols}), all_ids = cpu.alloc(DType::i32, Shape{2, cols});
+  cpu.top_k(logits, temperatures, int(cols), all_values, all_ids);
+  EXPECT_EQ(all_ids.data_as<int32_t>()[cols - 2], 2);  // a NaN ranks as -inf: before id 6's -inf
+  EXPECT_EQ(all_ids.data_as<int32_t>()[cols - 1], 6);
+  EXPECT_EQ(all_ids.data_as<int32_t>()[2 * cols - 1], 4);  // NaN ties with NaN: the lower id first
+  EXPECT_EQ(all_values.data_as<float>()[cols - 1], -INFINITY);
+}
+
+// A draw from Backend::top_k's candidates is the draw from the whole row: the same tokens for the
+// same seed, over cuts, temperatures and rows with ties.
+TEST(Sampler, TopKCandidatesDrawAsTheWholeRow) {
+  CpuBackend cpu(2);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t vocab = 5000;
+  Tensor logits = cpu.alloc(DType::f32, Shape{1, vocab});
+  struct Case {
+    float temperature;
+    int top_k;
+    float top_p, min_p;
+  };
+  for (const Case c : {Case{1.0f, 20, 1.0f, 0.0f}, Case{0.6f, 20, 0.95f, 0.0f}, Case{1.0f, 64, 0.95f, 0.0f},
+                       Case{0.3f, 256, 1.0f, 0.05f}, Case{2.0f, 1, 1.0f, 0.0f}, Case{1.5f, 40, 0.5f, 0.1f}}) {
+    SamplingParams p{.temperature = c.temperature, .top_k = c.top_k, .top_p = c.top_p, .min_p = c.min_p, .seed = 9};
+    ASSERT_TRUE(draws_from_top_k(p, vocab));
+    Sampler whole(p), candidates(p);
+    Tensor temperature = cpu.alloc(DType::f32, Shape{1});
+    temperature.data_as<float>()[0] = c.temperature;
+    Tensor values = cpu.alloc(DType::f32, Shape{1, c.top_k}), ids = cpu.alloc(DType::i32, Shape{1, c.top_k});
+    for (int step = 0; step < 40; ++step) {
+      float* l = logits.data_as<float>();
+      for (int64_t i = 0; i < vocab; ++i) l[i] = std::round(normal(rng) * 4.0f) / 4.0f;  // many ties
+      if (step % 7 == 3) l[step] = NAN;
+      const int32_t want = whole.sample(std::span<const float>(l, size_t(vocab)), {});
+      cpu.top_k(logits, temperature, c.top_k, values, ids);
+      const int32_t got =
+          candidates.sample_top_k(std::span<const float>(values.data_as<float>(), size_t(c.top_k)),
+                                  std::span<const int32_t>(ids.data_as<int32_t>(), size_t(c.top_k)), vocab);
+      ASSERT_EQ(got, want) << "step " << step << ", top_k " << c.top_k << ", temperature " << c.temperature;
+    }
+  }
+  SamplingParams p{.temperature = 1.0f, .top_k = 20};
+  EXPECT_TRUE(draws_from_top_k(p, vocab));
+  EXPECT_FALSE(draws_from_top_k(p, 20));  // top_k of the whole vocabulary: no cut
+  EXPECT_FALSE(draws_from_top_k({.temperature = 1.0f, .top_k = Backend::kMaxTopK + 1}, vocab));
+  EXPECT_FALSE(draws_from_top_k({.temperature = 1.0f, .top_k = 0}, vocab));
+  EXPECT_FALSE(draws_from_top_k({.temperature = 0.0f, .top_k = 20}, vocab));
+  EXPECT_FALSE(draws_from_top_k({.temperature = 1.0f, .top_k = 20, .repetition_penalty = 1.1f}, vocab));
+  EXPECT_FALSE(draws_from_top_k({.temperature = 1.0f, .top_k = 20, .logit_bias = {{3, 1.0f}}}, vocab));
 }
 
 TEST(Sampler, InfiniteAndMissingLogits) {

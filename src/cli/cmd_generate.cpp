@@ -50,14 +50,18 @@ Status generate_ids(const GenerateOptions& o, Backend& backend) {
   KILN_ASSIGN(auto state, model->new_sequence(context));
   Sampler sampler(o.generation.sampling);
   std::vector<int32_t> history = ids, out;
-  KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, 0, LogitRows::last));
+  KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, 0, LogitRows::last));  // on the host
   for (int64_t i = 0; i < o.generation.max_tokens; ++i) {
-    const int32_t next =
-        sampler.sample(std::span<const float>(logits.data_as<float>(), size_t(model->info().vocab_size)), history);
+    int32_t next = 0;
+    if (i == 0) {
+      next = sampler.sample(std::span<const float>(logits.data_as<float>(), size_t(model->info().vocab_size)), history);
+    } else {
+      KILN_ASSIGN(next, draw_next(*model, logits, sampler, history, /*check_finite=*/false, i + 1));
+    }
     out.push_back(next);
     history.push_back(next);
     if (i + 1 == o.generation.max_tokens) break;
-    KILN_ASSIGN(logits, run_tokens(*model, *state, std::vector<int32_t>{next}, 1, LogitRows::last));
+    KILN_ASSIGN(logits, run_token(*model, *state, next));  // stays on the device
   }
   std::string json = "[";
   for (size_t i = 0; i < out.size(); ++i) json += (i ? "," : "") + std::to_string(out[i]);

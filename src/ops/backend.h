@@ -106,6 +106,12 @@ class Backend {
   virtual void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) = 0;
   virtual void softcap(Tensor& x, float cap) = 0;         // cap · tanh(x / cap)
   virtual void argmax(const Tensor& x, Tensor& out) = 0;  // [R, C] -> [R] i32
+  // The k most likely tokens of each row of logits [R, V] (f32) once row r is divided by
+  // temperatures[r] (f32 [R], > 0): values [R, k] f32 (the divided logits) and ids [R, k] i32, most
+  // likely first, ties to the lower id, a NaN ranked as -inf. What a sampler with top_k = k draws
+  // from, without the rows leaving the device. 1 <= k <= min(V, kMaxTopK).
+  virtual void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids) = 0;
+  static constexpr int kMaxTopK = 256;
 
   // Sequence ops.
   virtual void rope(const RopeArgs& args) = 0;

@@ -1,6 +1,7 @@
 #include "runtime/prefill.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace kiln {
@@ -28,6 +29,49 @@ Result<Tensor> run_tokens(Model& model, SequenceState& state, std::span<const in
     }
   }
   return out;
+}
+
+Result<Tensor> run_token(Model& model, SequenceState& state, int32_t token) {
+  SeqChunk c{.state = &state, .tokens = std::span<const int32_t>(&token, 1)};
+  return model.forward(std::span<const SeqChunk>(&c, 1), LogitRows::last);
+}
+
+namespace {
+
+Error non_finite(int64_t generated_index) {
+  return make_error(
+      "the model produced non-finite logits for generated token {}: its weights or config.json hold values it "
+      "cannot compute with",
+      generated_index);
+}
+
+}  // namespace
+
+Result<int32_t> draw_next(Model& model, const Tensor& logits, Sampler& sampler, std::span<const int32_t> history,
+                          bool check_finite, int64_t generated_index) {
+  Backend& backend = model.backend();
+  const int64_t vocab = model.info().vocab_size;
+  const SamplingParams& p = sampler.params();
+  const Tensor last = logits.rows() > 1 ? logits.rows_view(logits.rows() - 1, 1) : logits;
+  if (backend.device() != Device::cpu && (plain_greedy(p) || draws_from_top_k(p, vocab))) {
+    const int k = plain_greedy(p) ? 1 : p.top_k;
+    Tensor temperature = host_tensor(DType::f32, Shape{1});
+    temperature.data_as<float>()[0] = plain_greedy(p) ? 1.0f : p.temperature;
+    Tensor values = backend.alloc(DType::f32, Shape{1, k}), ids = backend.alloc(DType::i32, Shape{1, k});
+    backend.top_k(last, backend.upload(temperature, DType::f32), k, values, ids);
+    const Tensor host_values = backend.to_host(values), host_ids = backend.to_host(ids);
+    KILN_TRY(backend.status());
+    const std::span<const float> v(host_values.data_as<float>(), size_t(k));
+    const std::span<const int32_t> id(host_ids.data_as<int32_t>(), size_t(k));
+    if (check_finite && !std::isfinite(v[0])) return non_finite(generated_index);
+    return plain_greedy(p) ? id[0] : sampler.sample_top_k(v, id, vocab);
+  }
+  const Tensor host = backend.to_host(last);
+  KILN_TRY(backend.status());
+  const std::span<const float> row(host.data_as<float>(), size_t(vocab));
+  if (check_finite && !std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); }))
+    return non_finite(generated_index);
+  return sampler.sample(row, history);
 }
 
 }  // namespace kiln

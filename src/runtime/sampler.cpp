@@ -89,11 +89,39 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     order_.resize(size_t(n));
     std::iota(order_.begin(), order_.end(), 0);
   }
+  return draw(cut_to_top_k);
+}
+
+bool plain_greedy(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && p.logit_bias.empty();
+}
+
+bool draws_from_top_k(const SamplingParams& p, int64_t vocab_size) {
+  return p.temperature > 0.0f && p.top_k > 0 && p.top_k <= Backend::kMaxTopK && p.top_k < vocab_size &&
+         p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
+int32_t Sampler::sample_top_k(std::span<const float> values, std::span<const int32_t> ids, int64_t vocab_size) {
+  if (values.empty() || values.size() != ids.size()) return 0;
+  // only the candidates' entries are read; the rest keep whatever an earlier call left
+  if (work_.size() < size_t(vocab_size)) work_.resize(size_t(vocab_size));
+  order_.assign(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size(); ++i) work_[size_t(ids[i])] = values[i];
+  return draw(true);
+}
+
+int32_t Sampler::draw(bool cut_to_top_k) {
+  const SamplingParams& p = params_;
+  auto before = [&](int32_t a, int32_t b) {
+    return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
+  };
   const float top = cut_to_top_k ? work_[size_t(order_[0])] : *std::max_element(work_.begin(), work_.end());
   if (!std::isfinite(top))  // no finite logit, or an infinite one: the first of the largest
     return cut_to_top_k ? order_[0] : int32_t(std::find(work_.begin(), work_.end(), top) - work_.begin());
   // softmax weights exp(logit - top), by id; the most likely weighs 1
-  weights_.resize(size_t(n));
+  if (weights_.size() < work_.size()) weights_.resize(work_.size());
   double total = 0;
   for (int32_t t : order_) total += weights_[size_t(t)] = std::exp(work_[size_t(t)] - top);
   size_t cut = order_.size();

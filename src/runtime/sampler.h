@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops/backend.h"
+
 namespace kiln {
 
 struct SamplingParams {
@@ -41,12 +43,23 @@ struct SampledLogprobs {
 };
 SampledLogprobs logprobs_of(std::span<const float> logits, int32_t token, int top);
 
+// Greedy without penalties or biases: the next token is the argmax of the logits alone.
+bool plain_greedy(const SamplingParams& params);
+
+// Whether a draw with these parameters needs only the top_k most likely tokens of the logits over
+// the temperature (Backend::top_k): sampling with 0 < top_k <= Backend::kMaxTopK, top_k below the
+// vocabulary, and no biases or penalties, which would change the order before the cut.
+bool draws_from_top_k(const SamplingParams& params, int64_t vocab_size);
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}
 
   // `history`: the tokens the penalties look at (prompt and generated so far).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // The same draw from Backend::top_k's answer for one row (draws_from_top_k holds): `values` the
+  // logits over the temperature of `ids`, most likely first, ties to the lower id.
+  int32_t sample_top_k(std::span<const float> values, std::span<const int32_t> ids, int64_t vocab_size);
 
   const SamplingParams& params() const { return params_; }
 
@@ -55,6 +68,9 @@ class Sampler {
   // order_ and returns its size.
   template <typename Before>
   size_t nucleus(double target, const Before& before);
+  // The draw from order_'s candidates (the top_k, most likely first, when `cut_to_top_k`; otherwise
+  // every id) with the logits over the temperature in work_.
+  int32_t draw(bool cut_to_top_k);
 
   SamplingParams params_;
   std::mt19937_64 rng_;

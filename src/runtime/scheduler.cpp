@@ -59,16 +59,6 @@ void Generation::finish(FinishReason reason, std::string error) {
   ready_.notify_all();
 }
 
-namespace {
-
-// Greedy without penalties or biases: the next token is the argmax of the logits alone.
-bool plain_greedy(const SamplingParams& p) {
-  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && p.logit_bias.empty();
-}
-
-}  // namespace
-
 // A running generation and the sequence state it owns while it runs.
 struct Scheduler::Slot {
   std::unique_ptr<SequenceState> state;
@@ -272,15 +262,38 @@ Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
   KILN_ASSIGN(l.logits, model_.forward(group.batch, LogitRows::last));
   // when every row that samples is plain greedy, the argmax runs on the device and only the ids
   // come back (a row of logits is vocab floats; a batch of them costs more to move than to reduce)
-  l.device_argmax = true;
+  // Rows drawing from their top_k candidates (most sampled requests, with a model's default top_k)
+  // take them from the device the same way: k values and ids a row instead of the vocabulary.
+  Backend& backend = model_.backend();
+  const int64_t vocab = model_.info().vocab_size, rows = int64_t(group.batch.size());
+  const bool candidates_pay = backend.device() != Device::cpu;  // on the CPU the logits are at hand
+  bool all_greedy = true, all_from_top_k = candidates_pay;
+  int top_k = 1;
   for (size_t i = 0; i < group.owners.size(); ++i) {
     const Slot& s = *group.owners[i];
     const bool samples = s.prefilled + int64_t(group.batch[i].tokens.size()) >= int64_t(s.params.prompt.size());
-    if (samples && (!plain_greedy(s.params.sampling) || s.params.logprobs >= 0)) l.device_argmax = false;
+    if (!samples) continue;
+    const SamplingParams& p = s.params.sampling;
+    const bool greedy = plain_greedy(p) && s.params.logprobs < 0;
+    all_greedy = all_greedy && greedy;
+    if (greedy) continue;
+    if (s.params.logprobs >= 0 || !draws_from_top_k(p, vocab)) all_from_top_k = false;
+    top_k = std::max(top_k, p.top_k);
   }
-  if (l.device_argmax) {
-    l.ids = model_.backend().alloc(DType::i32, Shape{int64_t(group.batch.size())});
-    model_.backend().argmax(l.logits, l.ids);
+  if (all_greedy) {
+    l.device_argmax = true;
+    l.ids = backend.alloc(DType::i32, Shape{rows});
+    backend.argmax(l.logits, l.ids);
+  } else if (all_from_top_k) {
+    Tensor temperatures = host_tensor(DType::f32, Shape{rows});
+    for (size_t i = 0; i < group.owners.size(); ++i) {
+      const float t = group.owners[i]->params.sampling.temperature;
+      temperatures.data_as<float>()[i] = t > 0.0f ? t : 1.0f;  // greedy rows: the first candidate
+    }
+    l.top_k = top_k;
+    l.top_values = backend.alloc(DType::f32, Shape{rows, top_k});
+    l.top_ids = backend.alloc(DType::i32, Shape{rows, top_k});
+    backend.top_k(l.logits, backend.upload(temperatures, DType::f32), top_k, l.top_values, l.top_ids);
   }
   return l;
 }
@@ -288,9 +301,11 @@ Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
 Status Scheduler::collect(const Launched& launched) {
   const auto& batch = launched.group->batch;
   const auto& owners = launched.group->owners;
-  const bool device_argmax = launched.device_argmax;
+  const bool device_argmax = launched.device_argmax, from_top_k = launched.top_k > 0;
   const Tensor ids = device_argmax ? model_.backend().to_host(launched.ids) : Tensor();
-  const Tensor logits = device_argmax ? Tensor() : model_.backend().to_host(launched.logits);
+  const Tensor top_values = from_top_k ? model_.backend().to_host(launched.top_values) : Tensor();
+  const Tensor top_ids = from_top_k ? model_.backend().to_host(launched.top_ids) : Tensor();
+  const Tensor logits = device_argmax || from_top_k ? Tensor() : model_.backend().to_host(launched.logits);
   KILN_TRY(model_.backend().status());
   const int64_t vocab = model_.info().vocab_size;
   int64_t generated = 0, prefilled = 0;
@@ -313,6 +328,15 @@ Status Scheduler::collect(const Launched& launched) {
     std::optional<SampledLogprobs> logprobs;
     if (device_argmax) {
       token = ids.data_as<int32_t>()[i];
+    } else if (from_top_k) {
+      const int k = launched.top_k;
+      const int32_t* row_ids = top_ids.data_as<int32_t>() + int64_t(i) * k;
+      const float* row_values = top_values.data_as<float>() + int64_t(i) * k;
+      const SamplingParams& p = s.params.sampling;  // its own top_k: the first of the batch's largest
+      token = p.temperature <= 0.0f
+                  ? row_ids[0]
+                  : s.sampler->sample_top_k(std::span<const float>(row_values, size_t(p.top_k)),
+                                            std::span<const int32_t>(row_ids, size_t(p.top_k)), vocab);
     } else {
       const std::span<const float> row(logits.data_as<float>() + int64_t(i) * vocab, size_t(vocab));
       token = s.sampler->sample(row, s.history);

@@ -153,6 +153,10 @@ class Scheduler {
     Tensor logits;  // [sequences, vocab] on the device
     Tensor ids;     // the argmax of each row on the device, when every sampling row is greedy
     bool device_argmax = false;
+    // When every sampling row is greedy or draws from its top_k (and one is not greedy): each row's
+    // best top_k candidates on the device ([sequences, top_k]; greedy rows take the first).
+    Tensor top_values, top_ids;
+    int top_k = 0;
   };
   Result<Launched> launch(const Group& group);
   Status collect(const Launched& launched);

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <thread>
+#include <vector>
 
 namespace kiln {
 
@@ -383,6 +385,29 @@ void CpuBackend::argmax(const Tensor& x, Tensor& out) {
   for (int64_t r = 0; r < x.rows(); ++r) {
     const float* p = row_ptr(x, r);
     o[r] = int32_t(std::max_element(p, p + cols) - p);
+  }
+}
+
+void CpuBackend::top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids) {
+  const int64_t cols = logits.cols();
+  std::vector<float> tempered(static_cast<size_t>(cols));
+  std::vector<int32_t> order(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < logits.rows(); ++r) {
+    const float* p = row_ptr(logits, r);
+    const float t = temperatures.data_as<float>()[r];
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = p[c] / t;
+      tempered[size_t(c)] = v == v ? v : -INFINITY;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    k = int(std::min<int64_t>(k, cols));  // the op's callers keep k <= cols
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return tempered[size_t(a)] > tempered[size_t(b)] || (tempered[size_t(a)] == tempered[size_t(b)] && a < b);
+    });
+    for (int j = 0; j < k; ++j) {
+      values.data_as<float>()[r * k + j] = tempered[size_t(order[size_t(j)])];
+      ids.data_as<int32_t>()[r * k + j] = order[size_t(j)];
+    }
   }
 }
 

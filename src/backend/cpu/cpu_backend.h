@@ -48,6 +48,7 @@ class CpuBackend final : public Backend {
   void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) override;
   void softcap(Tensor& x, float cap) override;
   void argmax(const Tensor& x, Tensor& out) override;
+  void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids) override;
 
   void rope(const RopeArgs& args) override;
   void kv_write(const KvWriteArgs& args) override;

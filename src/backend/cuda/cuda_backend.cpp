@@ -532,6 +532,19 @@ class CudaBackend final : public Backend {
         x, out, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
     after_launch("argmax");
   }
+  void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids) override {
+    OpTimer timed(this, "top_k");
+    if (k < 1 || k > kMaxTopK || k > logits.cols() || temperatures.numel() != logits.rows() ||
+        temperatures.dtype() != DType::f32 || values.dtype() != DType::f32 || ids.dtype() != DType::i32 ||
+        values.numel() != logits.rows() * k || ids.numel() != logits.rows() * k) {
+      record(fmt::format("top_k: {} candidates of {} x {} logits do not fit the arguments", k, logits.rows(),
+                         logits.cols()));
+      return;
+    }
+    cuda::top_k(
+        logits, temperatures, k, values, ids, [this](DType t, Shape s) { return alloc(t, s); }, stream_);
+    after_launch("top_k");
+  }
 
   void rope(const RopeArgs& args) override {
     OpTimer timed(this, "rope");

@@ -46,6 +46,9 @@ void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out, cudaStream_t 
 void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate, cudaStream_t stream);
 void softcap(Tensor& x, float cap, cudaStream_t stream);
 void argmax(const Tensor& x, Tensor& out, const Allocate& alloc, cudaStream_t stream);  // scratch from alloc
+// cuda_top_k.cu: Backend::top_k (float logits, f32 temperatures on the device); scratch from alloc.
+void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids, const Allocate& alloc,
+           cudaStream_t stream);
 
 // cuda_attention.cu
 void rope(const RopeArgs& args, cudaStream_t stream);

@@ -304,6 +304,10 @@ TEST(Sampler, InfiniteAndMissingLogits) {
   EXPECT_EQ(Sampler({.temperature = 1.0f}).sample(std::vector<float>{NAN, NAN, -inf}, {}), 0);
   EXPECT_EQ(Sampler({.temperature = 1.0f, .top_p = 0.5f}).sample(std::vector<float>{NAN, 2.0f, NAN}, {}), 1);
   EXPECT_EQ(Sampler({.temperature = 1.0f}).sample(std::vector<float>{}, {}), 0);
+  // greedy: a NaN is never chosen, as by the device's argmax and top_k; ties to the lower id
+  EXPECT_EQ(Sampler({.temperature = 0.0f}).sample(std::vector<float>{NAN, 1.0f, 2.0f, 2.0f}, {}), 2);
+  EXPECT_EQ(Sampler({.temperature = 0.0f}).sample(std::vector<float>{1.0f, NAN, -inf}, {}), 0);
+  EXPECT_EQ(Sampler({.temperature = 0.0f}).sample(std::vector<float>{NAN, NAN}, {}), 0);
 }
 
 TEST(StopMatcher, AcrossPiecesAndHeldBack) {

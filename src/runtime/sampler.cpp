@@ -52,7 +52,14 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       l -= p.presence_penalty + p.frequency_penalty * float(c);
     }
   }
-  if (p.temperature <= 0.0f) return int32_t(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  if (p.temperature <= 0.0f) {  // the first of the largest, a NaN never chosen: the device's argmax
+    int64_t best = 0;
+    for (int64_t t = 1; t < n; ++t)
+      if (work_[size_t(t)] > work_[size_t(best)] ||
+          (work_[size_t(best)] != work_[size_t(best)] && work_[size_t(t)] == work_[size_t(t)]))
+        best = t;
+    return int32_t(best);
+  }
 
   const float temperature = p.temperature;  // held apart from the logits, so the loop vectorizes
   for (float& l : work_) {                  // each logit over the temperature; a NaN is never drawn

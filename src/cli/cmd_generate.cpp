@@ -52,12 +52,7 @@ Status generate_ids(const GenerateOptions& o, Backend& backend) {
   std::vector<int32_t> history = ids, out;
   KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, 0, LogitRows::last));  // on the host
   for (int64_t i = 0; i < o.generation.max_tokens; ++i) {
-    int32_t next = 0;
-    if (i == 0) {
-      next = sampler.sample(std::span<const float>(logits.data_as<float>(), size_t(model->info().vocab_size)), history);
-    } else {
-      KILN_ASSIGN(next, draw_next(*model, logits, sampler, history, /*check_finite=*/false, i + 1));
-    }
+    KILN_ASSIGN(const int32_t next, draw_next(*model, logits, sampler, history, /*check_finite=*/false, i + 1));
     out.push_back(next);
     history.push_back(next);
     if (i + 1 == o.generation.max_tokens) break;

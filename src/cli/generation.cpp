@@ -160,18 +160,8 @@ Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt
       stats.finish_reason = "interrupted";
       break;
     }
-    int32_t next = 0;
-    if (i == 0) {  // the prompt's logits, on the host
-      const std::span<const float> row(logits.data_as<float>(), size_t(vocab));
-      if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); }))
-        return make_error(
-            "the model produced non-finite logits for generated token {}: its weights or config.json "
-            "hold values it cannot compute with",
-            i + 1);
-      next = sampler.sample(row, history_);
-    } else {
-      KILN_ASSIGN(next, draw_next(*model_, logits, sampler, history_, /*check_finite=*/true, i + 1));
-    }
+    // the prompt's logits on the host, then each step's on the device
+    KILN_ASSIGN(const int32_t next, draw_next(*model_, logits, sampler, history_, /*check_finite=*/true, i + 1));
     if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
       stats.finish_reason = "stop";
       break;

@@ -53,10 +53,11 @@ Result<int32_t> draw_next(Model& model, const Tensor& logits, Sampler& sampler, 
   const int64_t vocab = model.info().vocab_size;
   const SamplingParams& p = sampler.params();
   const Tensor last = logits.rows() > 1 ? logits.rows_view(logits.rows() - 1, 1) : logits;
-  if (backend.device() != Device::cpu && (plain_greedy(p) || draws_from_top_k(p, vocab))) {
-    const int k = plain_greedy(p) ? 1 : p.top_k;
+  const bool greedy = plain_greedy(p);
+  if (last.device() != Device::cpu && (greedy || draws_from_top_k(p, vocab))) {
+    const int k = greedy ? 1 : p.top_k;
     Tensor temperature = host_tensor(DType::f32, Shape{1});
-    temperature.data_as<float>()[0] = plain_greedy(p) ? 1.0f : p.temperature;
+    temperature.data_as<float>()[0] = greedy ? 1.0f : p.temperature;
     Tensor values = backend.alloc(DType::f32, Shape{1, k}), ids = backend.alloc(DType::i32, Shape{1, k});
     backend.top_k(last, backend.upload(temperature, DType::f32), k, values, ids);
     const Tensor host_values = backend.to_host(values), host_ids = backend.to_host(ids);
@@ -64,9 +65,9 @@ Result<int32_t> draw_next(Model& model, const Tensor& logits, Sampler& sampler, 
     const std::span<const float> v(host_values.data_as<float>(), size_t(k));
     const std::span<const int32_t> id(host_ids.data_as<int32_t>(), size_t(k));
     if (check_finite && !std::isfinite(v[0])) return non_finite(generated_index);
-    return plain_greedy(p) ? id[0] : sampler.sample_top_k(v, id, vocab);
+    return greedy ? id[0] : sampler.sample_top_k(v, id, vocab);
   }
-  const Tensor host = backend.to_host(last);
+  const Tensor host = last.device() == Device::cpu ? last : backend.to_host(last);
   KILN_TRY(backend.status());
   const std::span<const float> row(host.data_as<float>(), size_t(vocab));
   if (check_finite && !std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); }))

@@ -16,9 +16,9 @@ Result<Tensor> run_tokens(Model& model, SequenceState& state, std::span<const in
 // One token through `state`; its logits [1, vocab] stay on the model's device.
 Result<Tensor> run_token(Model& model, SequenceState& state, int32_t token);
 
-// The next token drawn from the last row of `logits` (on the model's device). On a GPU, a greedy
-// or top_k draw (draws_from_top_k) brings back only the candidates (Backend::top_k), anything else
-// the whole row. With `check_finite`, logits the draw cannot use are an error naming
+// The next token drawn from the last row of `logits` (f32 on the host, or on the model's device).
+// From a GPU, a greedy or top_k draw (draws_from_top_k) brings back only the candidates
+// (Backend::top_k), anything else the whole row. With `check_finite`, logits the draw cannot use are an error naming
 // `generated_index`: any non-finite value of a row brought back, a best candidate that is not finite.
 Result<int32_t> draw_next(Model& model, const Tensor& logits, Sampler& sampler, std::span<const int32_t> history,
                           bool check_finite, int64_t generated_index);

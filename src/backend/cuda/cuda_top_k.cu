@@ -120,8 +120,7 @@ void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& valu
     using T = decltype(tag);
     launch(top_k_span_kernel<T>, rows * spans, kSpanThreads, 0, stream, rows_of<const T>(logits), logits.cols(),
            temperatures.data_as<float>(), spans, k, best);
-    cudaFuncSetAttribute(reinterpret_cast<const void*>(top_k_merge_kernel<T>),
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(merge_shared));
+    allow_most_dynamic_shared(top_k_merge_kernel<T>);
     launch(top_k_merge_kernel<T>, rows, kMergeThreads, merge_shared, stream, rows_of<const T>(logits),
            temperatures.data_as<float>(), best, candidates, k, values.data_as<float>(), ids.data_as<int32_t>());
   });

@@ -1,18 +1,26 @@
 // The CUDA backend against the CPU f32 reference on every oracle fixture, end to end: logits at
 // several prefill chunk sizes and decode, and decode steps replayed as CUDA graphs. Skipped,
 // visibly, where no GPU is present.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <functional>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "io/config.h"
+#include "io/synthetic.h"
 #include "models/model.h"
+#include "quant/quantize_model.h"
 #include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
+#include "runtime/scheduler.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -121,8 +129,211 @@ TEST_P(GpuFixtures, GraphDecodeMatchesForwards) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// A sequence's decode logits do not depend on the other sequences in its forward call: one
+// sequence stepped alone and its twin (same prompt, same tokens) stepped as the first of 2, 3 and
+// 17 rows give the same bits, step after step (2 rows still take the fused output projections, 3
+// do not). What kiln serve's batch invariance rests on. Returns what differed, empty when nothing.
+std::vector<std::string> decode_rows_variance(Model& model, Backend& backend, const std::vector<int32_t>& ids,
+                                              int64_t prompt) {
+  std::vector<std::string> differ;
+  const int64_t vocab = model.info().vocab_size;
+  for (int others : {1, 2, 16}) {
+    std::vector<std::unique_ptr<SequenceState>> states;
+    for (int s = 0; s < others + 2; ++s) {  // 0: alone, 1: its twin, then the others
+      auto state = model.new_sequence(int64_t(ids.size()) + 1);
+      EXPECT_TRUE(state.ok());
+      if (!state.ok()) return differ;
+      std::vector<int32_t> p(ids.begin(), ids.begin() + prompt);
+      if (s >= 2) std::rotate(p.begin(), p.begin() + (s % (prompt - 1)) + 1, p.end());  // other prompts
+      EXPECT_TRUE(run_tokens(model, **state, p, 0, LogitRows::last).ok());
+      states.push_back(std::move(*state));
+    }
+    for (int64_t i = prompt; i < int64_t(ids.size()); ++i) {
+      const int32_t token = ids[size_t(i)];
+      SeqChunk alone{.state = states[0].get(), .tokens = std::span<const int32_t>(&token, 1)};
+      auto a = model.forward(std::span<const SeqChunk>(&alone, 1), LogitRows::last);
+      EXPECT_TRUE(a.ok());
+      if (!a.ok()) return differ;
+      const Tensor want = backend.to_host(*a);
+      std::vector<SeqChunk> batch;
+      for (size_t s = 1; s < states.size(); ++s)
+        batch.push_back({.state = states[s].get(), .tokens = std::span<const int32_t>(&token, 1)});
+      auto b = model.forward(batch, LogitRows::last);
+      EXPECT_TRUE(b.ok());
+      if (!b.ok()) return differ;
+      const Tensor got = backend.to_host(*b);
+      int64_t first = -1, count = 0;
+      for (int64_t c = 0; c < vocab; ++c)
+        if (std::memcmp(want.data_as<float>() + c, got.data_as<float>() + c, sizeof(float)) != 0) {
+          if (first < 0) first = c;
+          ++count;
+        }
+      if (count > 0) {
+        differ.push_back(fmt::format("step {} among {} rows: {} of {} logits differ, first {} ({} vs {})", i - prompt,
+                                     others + 1, count, vocab, first, want.data_as<float>()[first],
+                                     got.data_as<float>()[first]));
+        break;  // the states now differ; the next composition starts afresh
+      }
+    }
+  }
+  return differ;
+}
+
+TEST_P(GpuFixtures, DecodeRowsAreBatchInvariant) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = load_model(fixture_path(GetParam()), **gpu);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto ids = fixture_ids(GetParam());
+  for (const std::string& d : decode_rows_variance(**model, **gpu, ids, int64_t(ids.size()) - 8)) ADD_FAILURE() << d;
+  EXPECT_TRUE((*gpu)->status().ok());
+}
+
+// A greedy request served among others that arrive while it runs gets the tokens it gets alone
+// (kiln serve's batch-invariant steps, prompts of several lengths prefilled in chunks between
+// decode steps). Returns what differed, empty when nothing.
+std::vector<std::string> served_variance(Model& model) {
+  std::vector<std::string> differ;
+  const int64_t vocab = model.info().vocab_size;
+  constexpr int kRequests = 24;
+  auto prompt = [vocab](int i) {
+    std::vector<int32_t> p;
+    uint32_t x = 12345u + uint32_t(i) * 7919u;
+    for (int k = 0; k < 5 + (i * 7) % 40; ++k) {
+      x = x * 1664525u + 1013904223u;
+      p.push_back(int32_t((x >> 8) % uint32_t(vocab)));
+    }
+    return p;
+  };
+  auto request = [&](int i) {
+    return GenerationParams{.prompt = prompt(i), .sampling = {.temperature = 0}, .max_tokens = 12};
+  };
+  auto drain = [](const std::shared_ptr<Generation>& g) {
+    std::vector<int32_t> tokens;
+    for (;;) {
+      auto u = g->wait(std::chrono::milliseconds(100));
+      tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
+      if (u.finish != FinishReason::running) return tokens;
+    }
+  };
+  const SchedulerOptions alone_options{.max_batch = 1, .context = 256, .prefill_chunk = 16, .batch_invariant = true};
+  std::vector<std::vector<int32_t>> alone(kRequests);
+  {
+    auto s = Scheduler::create(model, alone_options);
+    EXPECT_TRUE(s.ok());
+    if (!s.ok()) return differ;
+    for (int i = 0; i < kRequests; ++i) {
+      auto g = (*s)->submit(request(i));
+      EXPECT_TRUE(g.ok());
+      if (!g.ok()) return differ;
+      alone[size_t(i)] = drain(*g);
+    }
+  }
+  SchedulerOptions together_options = alone_options;
+  together_options.max_batch = 32;
+  auto s = Scheduler::create(model, together_options);
+  EXPECT_TRUE(s.ok());
+  if (!s.ok()) return differ;
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (int i = 0; i < kRequests; ++i) {
+    auto g = (*s)->submit(request(i));
+    EXPECT_TRUE(g.ok());
+    if (!g.ok()) return differ;
+    gens.push_back(*g);
+    if (i % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    const std::vector<int32_t> got = drain(gens[size_t(i)]);
+    if (got != alone[size_t(i)]) {
+      size_t at = 0;
+      while (at < got.size() && at < alone[size_t(i)].size() && got[at] == alone[size_t(i)][at]) ++at;
+      differ.push_back(fmt::format("request {} (prompt {}): token {} differs", i, prompt(i).size(), at));
+    }
+  }
+  if ((*s)->stats().step_rows <= (*s)->stats().steps) differ.push_back("the requests never shared a step");
+  return differ;
+}
+
+TEST_P(GpuFixtures, ServedGreedyOutputDoesNotDependOnTheBatch) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = load_model(fixture_path(GetParam()), **gpu);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  for (const std::string& d : served_variance(**model)) ADD_FAILURE() << d;
+  EXPECT_TRUE((*gpu)->status().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtures, testing::ValuesIn(fixture_names()),
                          [](const auto& info) { return info.param; });
+
+// The same at the real models' widths, where the products take other kernel forms than at the
+// fixtures' sizes: a few layers of each geometry (the first sliding and global, or Gated DeltaNet
+// and attention, layers), a short vocabulary, random weights, bf16 and 4-bit g64.
+struct WidthCase {
+  std::string config;  // under models/configs
+  int layers;
+  bool quantized;
+};
+
+class GpuModelWidths : public testing::TestWithParam<WidthCase> {};
+
+// Writes the case's model into `dir` and returns its path.
+std::string write_width_model(const WidthCase& c, const std::string& dir) {
+  auto config = read_model_config_file(source_dir() + "/models/configs/" + c.config + ".json");
+  EXPECT_TRUE(config.ok()) << config.error().message;
+  nlohmann::json& text = config->text;
+  text["num_hidden_layers"] = c.layers;
+  auto types = text["layer_types"].get<std::vector<std::string>>();
+  types.resize(size_t(c.layers));
+  text["layer_types"] = types;
+  text["vocab_size"] = 8192;
+  config->root = text;
+  auto tensors = checkpoint_tensors(*config);
+  EXPECT_TRUE(tensors.ok()) << tensors.error().message;
+  const std::string dense = dir + "/bf16", quantized = dir + "/q4";
+  EXPECT_TRUE(write_synthetic_checkpoint(dense, text, *tensors, SyntheticOptions{.seed = 5}).ok());
+  if (!c.quantized) return dense;
+  EXPECT_TRUE(quantize_model_dir(dense, quantized, QuantizeOptions{.bits = 4, .group_size = 64}).ok());
+  return quantized;
+}
+
+TEST_P(GpuModelWidths, DecodeRowsAreBatchInvariant) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  TempDir tmp;
+  const std::string dir = write_width_model(GetParam(), tmp.path());
+  auto gpu = make_cuda_backend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = load_model(dir, **gpu);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 30; ++i) ids.push_back(int32_t((i * 7919 + 11) % 8192));
+  for (const std::string& d : decode_rows_variance(**model, **gpu, ids, 22)) ADD_FAILURE() << d;
+  EXPECT_TRUE((*gpu)->status().ok());
+}
+
+TEST_P(GpuModelWidths, ServedGreedyOutputDoesNotDependOnTheBatch) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  TempDir tmp;
+  const std::string dir = write_width_model(GetParam(), tmp.path());
+  auto gpu = make_cuda_backend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = load_model(dir, **gpu);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  for (const std::string& d : served_variance(**model)) ADD_FAILURE() << d;
+  EXPECT_TRUE((*gpu)->status().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, GpuModelWidths,
+                         testing::Values(WidthCase{"qwen3.5-4b", 4, false}, WidthCase{"qwen3.5-4b", 4, true},
+                                         WidthCase{"gemma4-12b", 6, false}, WidthCase{"gemma4-12b", 6, true}),
+                         [](const auto& info) {
+                           std::string name = info.param.config + (info.param.quantized ? "_q4" : "_bf16");
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           std::replace(name.begin(), name.end(), '.', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace kiln::test

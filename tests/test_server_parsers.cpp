@@ -109,6 +109,32 @@ TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {
   EXPECT_EQ(plain.content, "a <tool_call>x</tool_call> <thin");
 }
 
+// The opening a required tool call is forced to, after the reasoning's end and the answer's
+// separator: what each family writes there, and what its parser then reads as one call.
+TEST(OutputParser, ForcedCallOpeningsAreEachFamilysOwn) {
+  EXPECT_EQ(qwen_format().call_opening(""), "<tool_call>\n");
+  EXPECT_EQ(qwen_format().call_opening("get_weather"), "<tool_call>\n");  // the body names it
+  EXPECT_EQ(qwen_format().answer_separator(), "\n\n");
+  EXPECT_EQ(qwen_format(false).call_opening("f"), "");
+  EXPECT_EQ(gemma_format().call_opening(""), "<|tool_call>call:");
+  EXPECT_EQ(gemma_format().call_opening("get_weather"), "<|tool_call>call:get_weather{");
+  EXPECT_EQ(gemma_format().answer_separator(), "");
+  OutputFormat qwen = qwen_format();
+  qwen.starts_in_reasoning = true;
+  const OutputDelta q = parse(qwen,
+                              "hmm</think>" + qwen.answer_separator() + qwen.call_opening("f") +
+                                  "<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+                              3);
+  EXPECT_EQ(q.reasoning, "hmm");
+  EXPECT_EQ(q.content, "");
+  ASSERT_EQ(q.tool_calls.size(), 1u);
+  EXPECT_EQ(q.tool_calls[0].name, "f");
+  const OutputFormat gemma = gemma_format();
+  const OutputDelta g = parse(gemma, gemma.call_opening("f") + "x:1}<tool_call|>", 2);
+  ASSERT_EQ(g.tool_calls.size(), 1u);
+  EXPECT_EQ(g.tool_calls[0].name, "f");
+}
+
 // A request's sampling starts from the served model's defaults (its generation_config.json) and
 // whatever the request sets wins.
 TEST(RequestFields, SamplingStartsFromTheModelsDefaults) {

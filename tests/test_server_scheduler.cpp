@@ -2,6 +2,7 @@
 // generation gives the same tokens alone and among 31 others that arrive while it runs; the
 // prefix cache gives the same tokens as a cold start, reports what it reused, and makes a second
 // chat turn cheap; errors come back as values.
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -100,6 +101,43 @@ TEST_P(SchedulerBatching, GreedyOutputDoesNotDependOnTheBatch) {
 // any row count) and with batch-invariant steps
 INSTANTIATE_TEST_SUITE_P(Fixtures, SchedulerBatching,
                          testing::Combine(testing::Values("qwen3_5_dense", "gemma4_dense"), testing::Bool()));
+
+// Forced tokens replace what a generation samples: from its first token, or once its output ends
+// with `after`; then it samples freely again. Forced ids outside the vocabulary are refused.
+TEST(Scheduler, ForcedTokensReplaceTheSampledOnes) {
+  CpuBackend backend(2);
+  auto model = load(backend, "qwen3_5_dense");
+  ASSERT_TRUE(model);
+  const int64_t vocab = model->info().vocab_size;
+  auto s = Scheduler::create(*model, SchedulerOptions{.max_batch = 2, .context = 128});
+  ASSERT_TRUE(s.ok());
+  auto run = [&](ForcedTokens forced) {
+    GenerationParams p = greedy(prompt_for(3, vocab, 12), 8);
+    p.forced = std::move(forced);
+    auto g = (*s)->submit(std::move(p));
+    EXPECT_TRUE(g.ok());
+    return g.ok() ? drain(*g).tokens : std::vector<int32_t>();
+  };
+  const std::vector<int32_t> free = run({});
+  ASSERT_EQ(free.size(), 8u);
+  // three ids the model did not choose next
+  std::vector<int32_t> forced;
+  for (int32_t id = 0; forced.size() < 3; ++id)
+    if (std::find(free.begin(), free.end(), id) == free.end()) forced.push_back(id);
+  const std::vector<int32_t> at_start = run({.after = {}, .tokens = forced});
+  ASSERT_EQ(at_start.size(), 8u);
+  EXPECT_EQ(std::vector<int32_t>(at_start.begin(), at_start.begin() + 3), forced);
+  const std::vector<int32_t> after_two = run({.after = {free[0], free[1]}, .tokens = forced});
+  ASSERT_EQ(after_two.size(), 8u);
+  EXPECT_EQ(std::vector<int32_t>(after_two.begin(), after_two.begin() + 2),
+            std::vector<int32_t>(free.begin(), free.begin() + 2));
+  EXPECT_EQ(std::vector<int32_t>(after_two.begin() + 2, after_two.begin() + 5), forced);
+  // `after` never seen: nothing is forced
+  EXPECT_EQ(run({.after = {forced[0], forced[1]}, .tokens = forced}), free);
+  GenerationParams outside = greedy(prompt_for(3, vocab, 12), 8);
+  outside.forced.tokens = {int32_t(vocab)};
+  EXPECT_FALSE((*s)->submit(std::move(outside)).ok());
+}
 
 TEST(SchedulerPrefixCache, SameTokensFromACachedPrefix) {
   for (const std::string fixture : {"qwen3_5_dense", "gemma4_dense"}) {

@@ -69,6 +69,7 @@ struct Scheduler::Slot {
   int64_t prefilled = 0;         // prompt tokens in the state
   int64_t generated = 0;
   int32_t next = 0;  // the token the next decode step feeds
+  ForcedContinuation forcing;
   Clock::time_point admitted;
   bool prefilling() const { return prefilled < int64_t(params.prompt.size()); }
 };
@@ -109,8 +110,9 @@ Result<std::shared_ptr<Generation>> Scheduler::submit(GenerationParams params) {
     return make_error("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n,
                       params.max_tokens, options_.context);
   const int64_t vocab = model_.info().vocab_size;
-  for (int32_t id : params.prompt)
-    if (id < 0 || id >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", id, vocab);
+  for (const std::vector<int32_t>* ids : {&params.prompt, &params.forced.after, &params.forced.tokens})
+    for (int32_t id : *ids)
+      if (id < 0 || id >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", id, vocab);
   auto generation = std::make_shared<Generation>();
   generation->prompt_tokens_ = n;
   {
@@ -192,6 +194,7 @@ void Scheduler::admit() {
     s.generation = std::move(next.generation);
     s.params = std::move(next.params);
     s.sampler = std::make_unique<Sampler>(s.params.sampling);
+    s.forcing = ForcedContinuation(s.params.forced);
     s.history = s.params.prompt;
     s.generated = 0;
     s.admitted = Clock::now();
@@ -327,19 +330,19 @@ Status Scheduler::collect(const Launched& launched) {
     int32_t token = 0;
     std::optional<SampledLogprobs> logprobs;
     if (device_argmax) {
-      token = ids.data_as<int32_t>()[i];
+      token = s.forcing.choose(ids.data_as<int32_t>()[i]);
     } else if (from_top_k) {
       const int k = launched.top_k;
       const int32_t* row_ids = top_ids.data_as<int32_t>() + int64_t(i) * k;
       const float* row_values = top_values.data_as<float>() + int64_t(i) * k;
       const SamplingParams& p = s.params.sampling;  // its own top_k: the first of the batch's largest
-      token = p.temperature <= 0.0f
-                  ? row_ids[0]
-                  : s.sampler->sample_top_k(std::span<const float>(row_values, size_t(p.top_k)),
-                                            std::span<const int32_t>(row_ids, size_t(p.top_k)), vocab);
+      token = s.forcing.choose(
+          p.temperature <= 0.0f ? row_ids[0]
+                                : s.sampler->sample_top_k(std::span<const float>(row_values, size_t(p.top_k)),
+                                                          std::span<const int32_t>(row_ids, size_t(p.top_k)), vocab));
     } else {
       const std::span<const float> row(logits.data_as<float>() + int64_t(i) * vocab, size_t(vocab));
-      token = s.sampler->sample(row, s.history);
+      token = s.forcing.choose(s.sampler->sample(row, s.history));
       if (s.params.logprobs >= 0) logprobs = logprobs_of(row, token, s.params.logprobs);
     }
     const auto& stops = s.params.stop_ids;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "runtime/forced_tokens.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 
@@ -51,6 +52,7 @@ struct GenerationParams {
   int64_t max_tokens = 0;         // 0: up to the context
   std::vector<int32_t> stop_ids;  // end-of-sequence tokens (not emitted)
   int logprobs = -1;              // -1: none; else each token's log-probability and this many alternatives
+  ForcedTokens forced;            // tokens emitted in place of sampled ones (none when empty)
 };
 
 enum class FinishReason { running, stop, length, cancelled, error };

@@ -150,10 +150,12 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   json kwargs = json::object();
   if (const json* thinking = fields.object("thinking"))
     kwargs["enable_thinking"] = string_field(*thinking, "type") == "enabled";
-  // auto and any (not enforced) show every tool, none drops them, tool shows the one it names
+  // auto and any show every tool, none drops them, tool shows the one it names; any and tool make
+  // the answer open a tool call
   std::string chosen;
   if (const json* choice = fields.object("tool_choice")) {
     const std::string type = string_field(*choice, "type");
+    request.call_required = type == "any" || type == "tool";
     if (type == "none") {
       tools = nullptr;
     } else if (type == "tool") {
@@ -192,6 +194,7 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
                                     /*continue_final_message=*/true);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
   request.prompt = std::move(std::get<Prompt>(prompt));
+  request.call_name = chosen;
 
   const auto t0 = Clock::now();
   auto started = service.start(std::move(request));

@@ -378,6 +378,8 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
   if (!fields.ok()) return fail(*fields.error());
   if (tool_choice == "none") tools = nullptr;
   if (!chosen_tools.is_null()) tools = &chosen_tools;
+  request.call_required = tool_choice == "required" || !chosen_tools.is_null();
+  if (!chosen_tools.is_null()) request.call_name = chosen_tools[0]["function"]["name"].get<std::string>();
   auto prompt = service.chat_prompt(*messages, tools, kwargs, continue_final_message);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
   request.prompt = std::move(std::get<Prompt>(prompt));

@@ -243,6 +243,23 @@ std::vector<std::string> OutputFormat::markers() const {
   return out;
 }
 
+std::string OutputFormat::call_opening(const std::string& function) const {
+  switch (tools) {
+    case ToolFormat::none:
+      return "";
+    case ToolFormat::gemma:
+      return call_open + "call:" + (function.empty() ? "" : function + "{");
+    case ToolFormat::qwen_xml:
+    case ToolFormat::hermes_json:
+      return call_open + "\n";
+  }
+  return "";
+}
+
+std::string OutputFormat::answer_separator() const {
+  return tools == ToolFormat::gemma ? "" : "\n\n";  // Qwen: `</think>\n\n` then the answer
+}
+
 OutputParser::OutputParser(OutputFormat format) : format_(std::move(format)) {
   if (format_.starts_in_reasoning && !format_.think_close.empty()) mode_ = Mode::reasoning;
 }

@@ -238,6 +238,18 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                           .max_tokens = request.max_tokens,
                           .logprobs = request.logprobs};
   if (model_.tokenizer) params.stop_ids = model_.tokenizer->eos_ids();
+  if (request.call_required) {
+    const OutputFormat& format = request.prompt.format;
+    const std::string opening = format.call_opening(request.call_name);
+    if (opening.empty() || format.call_open.empty() || !model_.tokenizer)
+      return bad_request("this model writes no tool calls kiln can read, so none can be required", "tool_choice");
+    // after the reasoning the prompt opened, or at once
+    const bool after_reasoning = format.starts_in_reasoning && !format.think_close.empty();
+    auto after = model_.tokenizer->encode(after_reasoning ? format.think_close : "", false);
+    auto forced = model_.tokenizer->encode((after_reasoning ? format.answer_separator() : "") + opening, false);
+    if (!after.ok() || !forced.ok()) return bad_request("the tool-call opening does not encode", "tool_choice");
+    params.forced = ForcedTokens{.after = std::move(after).value(), .tokens = std::move(forced).value()};
+  }
   auto generation = model_.scheduler->submit(std::move(params));
   if (!generation.ok()) return ApiError{.status = 503, .type = "server_error", .message = generation.error().message};
   return std::make_unique<TextGeneration>(

@@ -45,6 +45,10 @@ struct GenerationRequest {
   std::vector<std::string> stops;
   int logprobs = -1;                      // -1: none; else each token's log-probability and this many alternatives
   std::string prompt_field = "messages";  // what a context error names
+  // tool_choice "required" (Anthropic's "any") or a named function: the answer opens a tool call
+  // (of call_name when set), forced where the answer begins
+  bool call_required = false;
+  std::string call_name;
 };
 
 // Request and latency counters for /metrics.

@@ -404,6 +404,24 @@ test('metrics in Prometheus text format', async () => {
   assert.match(text, /kiln_prefix_cache_hits_total [1-9]/);
 });
 
+test('tool_choice required or naming a function makes the answer open a tool call', async () => {
+  const hi = { model: modelName, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, temperature: 0 };
+  const weather = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: {} } } }];
+  // two tokens are the forced opening alone; an unfinished call comes back as text
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const forced = await openai.chat.completions.create({ ...hi, tools: weather, tool_choice, logprobs: true });
+    assert.deepEqual(forced.choices[0].logprobs.content.map((t) => t.token), ['<tool_call>', '\n'], JSON.stringify(tool_choice));
+  }
+  const free = await openai.chat.completions.create({ ...hi, tools: weather, logprobs: true });
+  assert.notDeepEqual(free.choices[0].logprobs.content.map((t) => t.token), ['<tool_call>', '\n'], 'auto is not forced');
+  const tools = [{ name: 'get_weather', description: 'Weather in a city', input_schema: { type: 'object', properties: {} } }];
+  for (const tool_choice of [{ type: 'any' }, { type: 'tool', name: 'get_weather' }]) {
+    const m = await anthropic.messages.create({ model: modelName, max_tokens: 2, temperature: 0, tools, tool_choice,
+      messages: [{ role: 'user', content: 'hi' }] });
+    assert.match(m.content.map((b) => b.text ?? '').join(''), /^<tool_call>/, JSON.stringify(tool_choice));
+  }
+});
+
 test('steps are batch-invariant unless --no-batch-invariant says otherwise', async () => {
   assert.match(startLine, /\(.*batch-invariant.*\)/);
   const { line } = await startServer(['--no-batch-invariant', '--max-batch', '1', '--ctx', '256', '--threads', '1']);

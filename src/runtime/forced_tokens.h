@@ -1,0 +1,33 @@
+// Tokens a generation must emit whatever it samples: once its output ends with `after` (from its
+// first token when `after` is empty), its next tokens are `tokens`, each fed back as the model's
+// input as a sampled token would be; then it samples freely again. kiln serve forces the opening
+// of a tool call this way when a request requires one (tool_choice "required" or a named function).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kiln {
+
+struct ForcedTokens {
+  std::vector<int32_t> after;
+  std::vector<int32_t> tokens;
+};
+
+// One generation's progress through its ForcedTokens.
+class ForcedContinuation {
+ public:
+  ForcedContinuation() = default;
+  explicit ForcedContinuation(ForcedTokens forced);
+  // The token to emit in place of `sampled`; called once for every output token, in order.
+  int32_t choose(int32_t sampled);
+
+ private:
+  ForcedTokens forced_;
+  bool triggered_ = false;
+  size_t next_ = 0;            // forced tokens emitted
+  std::vector<int32_t> tail_;  // the last output tokens, as many as `after` holds
+};
+
+}  // namespace kiln

@@ -117,7 +117,7 @@ TEST(OutputParser, ForcedCallOpeningsAreEachFamilysOwn) {
   EXPECT_EQ(qwen_format().answer_separator(), "\n\n");
   EXPECT_EQ(qwen_format(false).call_opening("f"), "");
   EXPECT_EQ(gemma_format().call_opening(""), "<|tool_call>call:");
-  EXPECT_EQ(gemma_format().call_opening("get_weather"), "<|tool_call>call:get_weather{");
+  EXPECT_EQ(gemma_format().call_opening("get_weather"), "<|tool_call>call:get_weather");
   EXPECT_EQ(gemma_format().answer_separator(), "");
   OutputFormat qwen = qwen_format();
   qwen.starts_in_reasoning = true;
@@ -130,7 +130,7 @@ TEST(OutputParser, ForcedCallOpeningsAreEachFamilysOwn) {
   ASSERT_EQ(q.tool_calls.size(), 1u);
   EXPECT_EQ(q.tool_calls[0].name, "f");
   const OutputFormat gemma = gemma_format();
-  const OutputDelta g = parse(gemma, gemma.call_opening("f") + "x:1}<tool_call|>", 2);
+  const OutputDelta g = parse(gemma, gemma.call_opening("f") + "{x:1}<tool_call|>", 2);
   ASSERT_EQ(g.tool_calls.size(), 1u);
   EXPECT_EQ(g.tool_calls[0].name, "f");
 }

@@ -134,6 +134,18 @@ TEST(Scheduler, ForcedTokensReplaceTheSampledOnes) {
   EXPECT_EQ(std::vector<int32_t>(after_two.begin() + 2, after_two.begin() + 5), forced);
   // `after` never seen: nothing is forced
   EXPECT_EQ(run({.after = {forced[0], forced[1]}, .tokens = forced}), free);
+  // a stop token sampled while `after` is awaited becomes `after`, and the forced tokens follow
+  GenerationParams stopping = greedy(prompt_for(3, vocab, 12), 8);
+  stopping.stop_ids = {free[2]};
+  stopping.forced = {.after = {forced[0]}, .tokens = {forced[1], forced[2]}};
+  auto g = (*s)->submit(std::move(stopping));
+  ASSERT_TRUE(g.ok());
+  const std::vector<int32_t> cut = drain(*g).tokens;
+  const size_t stop_at = size_t(std::find(free.begin(), free.end(), free[2]) - free.begin());
+  ASSERT_GE(cut.size(), stop_at + 3);
+  EXPECT_EQ(std::vector<int32_t>(cut.begin(), cut.begin() + long(stop_at)),
+            std::vector<int32_t>(free.begin(), free.begin() + long(stop_at)));
+  EXPECT_EQ(std::vector<int32_t>(cut.begin() + long(stop_at), cut.begin() + long(stop_at) + 3), forced);
   GenerationParams outside = greedy(prompt_for(3, vocab, 12), 8);
   outside.forced.tokens = {int32_t(vocab)};
   EXPECT_FALSE((*s)->submit(std::move(outside)).ok());

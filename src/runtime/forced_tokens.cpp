@@ -1,18 +1,33 @@
 #include "runtime/forced_tokens.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace kiln {
 
-ForcedContinuation::ForcedContinuation(ForcedTokens forced)
-    : forced_(std::move(forced)), triggered_(forced_.after.empty()) {}
+ForcedContinuation::ForcedContinuation(ForcedTokens forced, std::vector<int32_t> stop_ids)
+    : forced_(std::move(forced)), stop_ids_(std::move(stop_ids)) {
+  if (forced_.tokens.empty()) return;
+  awaiting_ = !forced_.after.empty();
+  if (!awaiting_) queue_ = forced_.tokens;
+}
 
 int32_t ForcedContinuation::choose(int32_t sampled) {
-  if (next_ >= forced_.tokens.size()) return sampled;
-  if (triggered_) return forced_.tokens[next_++];
+  if (next_ < queue_.size()) return queue_[next_++];
+  if (!awaiting_) return sampled;
+  if (std::find(stop_ids_.begin(), stop_ids_.end(), sampled) != stop_ids_.end()) {
+    // the generation would end before `after`: it gets `after`, then the forced tokens
+    awaiting_ = false;
+    queue_ = forced_.after;
+    queue_.insert(queue_.end(), forced_.tokens.begin(), forced_.tokens.end());
+    return queue_[next_++];
+  }
   tail_.push_back(sampled);
   if (tail_.size() > forced_.after.size()) tail_.erase(tail_.begin());
-  triggered_ = tail_ == forced_.after;
+  if (tail_ == forced_.after) {
+    awaiting_ = false;
+    queue_ = forced_.tokens;
+  }
   return sampled;
 }
 

@@ -1,7 +1,9 @@
 // Tokens a generation must emit whatever it samples: once its output ends with `after` (from its
 // first token when `after` is empty), its next tokens are `tokens`, each fed back as the model's
-// input as a sampled token would be; then it samples freely again. kiln serve forces the opening
-// of a tool call this way when a request requires one (tool_choice "required" or a named function).
+// input as a sampled token would be; then it samples freely again. A stop token sampled while
+// `after` is awaited is replaced by `after` itself, so the forced tokens still come. kiln serve
+// forces the opening of a tool call this way when a request requires one (tool_choice "required"
+// or a named function): after the reasoning's end when the prompt opened the reasoning.
 #pragma once
 
 #include <cstddef>
@@ -19,15 +21,17 @@ struct ForcedTokens {
 class ForcedContinuation {
  public:
   ForcedContinuation() = default;
-  explicit ForcedContinuation(ForcedTokens forced);
+  ForcedContinuation(ForcedTokens forced, std::vector<int32_t> stop_ids);
   // The token to emit in place of `sampled`; called once for every output token, in order.
   int32_t choose(int32_t sampled);
 
  private:
   ForcedTokens forced_;
-  bool triggered_ = false;
-  size_t next_ = 0;            // forced tokens emitted
-  std::vector<int32_t> tail_;  // the last output tokens, as many as `after` holds
+  std::vector<int32_t> stop_ids_;
+  bool awaiting_ = false;       // `after` not yet seen
+  std::vector<int32_t> queue_;  // tokens to emit next, in place of sampled ones
+  size_t next_ = 0;             // of queue_, emitted
+  std::vector<int32_t> tail_;   // the last output tokens, as many as `after` holds
 };
 
 }  // namespace kiln

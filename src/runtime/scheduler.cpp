@@ -194,7 +194,7 @@ void Scheduler::admit() {
     s.generation = std::move(next.generation);
     s.params = std::move(next.params);
     s.sampler = std::make_unique<Sampler>(s.params.sampling);
-    s.forcing = ForcedContinuation(s.params.forced);
+    s.forcing = ForcedContinuation(s.params.forced, s.params.stop_ids);
     s.history = s.params.prompt;
     s.generated = 0;
     s.admitted = Clock::now();

@@ -248,7 +248,7 @@ std::string OutputFormat::call_opening(const std::string& function) const {
     case ToolFormat::none:
       return "";
     case ToolFormat::gemma:
-      return call_open + "call:" + (function.empty() ? "" : function + "{");
+      return call_open + "call:" + function;  // the model writes the `{` (its tokens may join what follows)
     case ToolFormat::qwen_xml:
     case ToolFormat::hermes_json:
       return call_open + "\n";

@@ -35,7 +35,8 @@ struct OutputFormat {
   // Special tokens the parser needs to see in the decoded text (decoding skips other specials).
   std::vector<std::string> markers() const;
   // How a tool call opens, as the model writes it: the call marker, then for Gemma 4 `call:` and the
-  // function's name when one is given (Qwen's call bodies name it inside). Empty without tool calls.
+  // function's name when one is given (Qwen's call bodies name it inside; the model goes on from
+  // there). Empty without tool calls.
   std::string call_opening(const std::string& function) const;
   // What the model writes between the end of its reasoning and its answer.
   std::string answer_separator() const;

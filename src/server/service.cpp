@@ -158,7 +158,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
   if (auto e = too_long_to_encode(rendered->size(), "messages")) return *e;
   auto ids = model_.tokenizer->encode(*rendered, /*add_special_tokens=*/false);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
-  Prompt prompt{.ids = std::move(ids).value(), .format = format_};
+  Prompt prompt{.ids = std::move(ids).value(), .format = format_, .continues_answer = !prefill.empty()};
   if (!request.tools) prompt.format.call_open = prompt.format.call_close = "";
   if (request.tools) prompt.format.tool_schemas = *tools;
   std::string tail = *rendered;
@@ -243,6 +243,9 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
     const std::string opening = format.call_opening(request.call_name);
     if (opening.empty() || format.call_open.empty() || !model_.tokenizer)
       return bad_request("this model writes no tool calls kiln can read, so none can be required", "tool_choice");
+    // where a continued answer stands (inside a call, the reasoning or text) is not known here
+    if (request.prompt.continues_answer)
+      return bad_request("a required tool call cannot continue a prefilled assistant message", "tool_choice");
     // after the reasoning the prompt opened, or at once
     const bool after_reasoning = format.starts_in_reasoning && !format.think_close.empty();
     auto after = model_.tokenizer->encode(after_reasoning ? format.think_close : "", false);

@@ -35,7 +35,8 @@ struct ServedModel {
 
 struct Prompt {
   std::vector<int32_t> ids;
-  OutputFormat format;  // how to read the output (chat); plain text otherwise
+  OutputFormat format;            // how to read the output (chat); plain text otherwise
+  bool continues_answer = false;  // it ends in a final assistant message's text, left open
 };
 
 struct GenerationRequest {

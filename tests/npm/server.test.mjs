@@ -414,6 +414,10 @@ test('tool_choice required or naming a function makes the answer open a tool cal
   }
   const free = await openai.chat.completions.create({ ...hi, tools: weather, logprobs: true });
   assert.notDeepEqual(free.choices[0].logprobs.content.map((t) => t.token), ['<tool_call>', '\n'], 'auto is not forced');
+  // where a prefilled answer stands is not known: refused
+  await assert.rejects(openai.chat.completions.create({ ...hi, tools: weather, tool_choice: 'required', continue_final_message: true,
+    messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'Sure' }] }),
+  (e) => e.status === 400 && /prefilled/.test(e.message));
   const tools = [{ name: 'get_weather', description: 'Weather in a city', input_schema: { type: 'object', properties: {} } }];
   for (const tool_choice of [{ type: 'any' }, { type: 'tool', name: 'get_weather' }]) {
     const m = await anthropic.messages.create({ model: modelName, max_tokens: 2, temperature: 0, tools, tool_choice,

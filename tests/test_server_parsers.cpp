@@ -113,7 +113,10 @@ TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {
 // separator: what each family writes there, and what its parser then reads as one call.
 TEST(OutputParser, ForcedCallOpeningsAreEachFamilysOwn) {
   EXPECT_EQ(qwen_format().call_opening(""), "<tool_call>\n");
-  EXPECT_EQ(qwen_format().call_opening("get_weather"), "<tool_call>\n");  // the body names it
+  EXPECT_EQ(qwen_format().call_opening("get_weather"), "<tool_call>\n<function=get_weather>\n");
+  OutputFormat json_calls = qwen_format();
+  json_calls.tools = ToolFormat::hermes_json;
+  EXPECT_EQ(json_calls.call_opening("get_weather"), "<tool_call>\n");  // the model writes the JSON body
   EXPECT_EQ(qwen_format().answer_separator(), "\n\n");
   EXPECT_EQ(qwen_format(false).call_opening("f"), "");
   EXPECT_EQ(gemma_format().call_opening(""), "<|tool_call>call:");
@@ -123,7 +126,7 @@ TEST(OutputParser, ForcedCallOpeningsAreEachFamilysOwn) {
   qwen.starts_in_reasoning = true;
   const OutputDelta q = parse(qwen,
                               "hmm</think>" + qwen.answer_separator() + qwen.call_opening("f") +
-                                  "<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+                                  "<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
                               3);
   EXPECT_EQ(q.reasoning, "hmm");
   EXPECT_EQ(q.content, "");
@@ -133,6 +136,18 @@ TEST(OutputParser, ForcedCallOpeningsAreEachFamilysOwn) {
   const OutputDelta g = parse(gemma, gemma.call_opening("f") + "{x:1}<tool_call|>", 2);
   ASSERT_EQ(g.tool_calls.size(), 1u);
   EXPECT_EQ(g.tool_calls[0].name, "f");
+}
+
+// Which of Qwen's call bodies a chat template writes: XML (Qwen 3.5), or anything else (JSON).
+TEST(OutputParser, QwenCallBodyComesFromTheTemplate) {
+  auto read = [](const std::string& name) {
+    std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/jinja/templates/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const nlohmann::ordered_json config = {{"eos_token", "<|im_end|>"}, {"bos_token", ""}};
+  EXPECT_EQ(qwen_call_body(ChatTemplate::from_source(read("qwen35_style.jinja"), config)), ToolFormat::qwen_xml);
+  EXPECT_EQ(qwen_call_body(ChatTemplate::from_source(read("generation_chatml.jinja"), config)),
+            ToolFormat::hermes_json);
 }
 
 // A request's sampling starts from the served model's defaults (its generation_config.json) and

@@ -243,6 +243,20 @@ std::vector<std::string> OutputFormat::markers() const {
   return out;
 }
 
+ToolFormat qwen_call_body(const ChatTemplate& tmpl) {
+  ChatRequest probe;
+  probe.messages = nlohmann::ordered_json::parse(
+      R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+          "function": {"name": "probe_fn", "arguments": {"a": 1}}}]}])");
+  probe.tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "probe_fn", "parameters": {"type": "object",
+          "properties": {"a": {"type": "integer"}}}}}])");
+  probe.add_generation_prompt = false;
+  auto text = tmpl.render(probe);
+  if (!text.ok() || text->find("probe_fn") == std::string::npos) return ToolFormat::qwen_xml;
+  return text->find("<function=probe_fn>") != std::string::npos ? ToolFormat::qwen_xml : ToolFormat::hermes_json;
+}
+
 std::string OutputFormat::call_opening(const std::string& function) const {
   switch (tools) {
     case ToolFormat::none:
@@ -250,6 +264,7 @@ std::string OutputFormat::call_opening(const std::string& function) const {
     case ToolFormat::gemma:
       return call_open + "call:" + function;  // the model writes the `{` (its tokens may join what follows)
     case ToolFormat::qwen_xml:
+      return call_open + "\n" + (function.empty() ? "" : "<function=" + function + ">\n");
     case ToolFormat::hermes_json:
       return call_open + "\n";
   }

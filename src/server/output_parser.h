@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "text/chat_template.h"
 
 namespace kiln::server {
 
@@ -34,9 +35,9 @@ struct OutputFormat {
   static OutputFormat for_vocabulary(const std::function<bool(const std::string&)>& has_token);
   // Special tokens the parser needs to see in the decoded text (decoding skips other specials).
   std::vector<std::string> markers() const;
-  // How a tool call opens, as the model writes it: the call marker, then for Gemma 4 `call:` and the
-  // function's name when one is given (Qwen's call bodies name it inside; the model goes on from
-  // there). Empty without tool calls.
+  // How a tool call opens, as the model writes it: the call marker, then, when a function is given,
+  // its name as the format writes it first (Gemma 4 `call:NAME`, Qwen XML `<function=NAME>` and a
+  // newline; Qwen's JSON body is left to the model). Empty without tool calls.
   std::string call_opening(const std::string& function) const;
   // What the model writes between the end of its reasoning and its answer.
   std::string answer_separator() const;
@@ -53,6 +54,10 @@ struct OutputDelta {
   std::vector<ToolCall> tool_calls;
   bool empty() const { return content.empty() && reasoning.empty() && tool_calls.empty(); }
 };
+
+// Qwen's XML and JSON call bodies share their markers (so the vocabulary cannot tell them apart):
+// the one `tmpl` renders an assistant's tool call in, qwen_xml when it cannot tell.
+ToolFormat qwen_call_body(const ChatTemplate& tmpl);
 
 class OutputParser {
  public:

@@ -45,6 +45,8 @@ Service::Service(ServedModel model) : model_(std::move(model)) {
   if (model_.tokenizer) {
     const Tokenizer& t = *model_.tokenizer;
     format_ = OutputFormat::for_vocabulary([&](const std::string& token) { return t.token_to_id(token).has_value(); });
+    if (format_.tools == ToolFormat::qwen_xml && model_.chat_template)
+      format_.tools = qwen_call_body(*model_.chat_template);
   }
 }
 

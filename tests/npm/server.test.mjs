@@ -31,7 +31,7 @@ function startServer(args) {
     let out = '';
     const onData = (data) => {
       out += data.toString();
-      const m = out.match(/listening on (http:\/\/[^\s]+).*/);
+      const m = out.match(/listening on (http:\/\/[^\s]+)[^\n]*\n/);  // the whole line
       if (m) {
         clearTimeout(timer);
         resolve({ url: m[1], child, line: m[0] });

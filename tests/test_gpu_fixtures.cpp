@@ -21,6 +21,7 @@
 #include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
 #include "runtime/scheduler.h"
+#include "scheduler_test_util.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -179,15 +180,32 @@ std::vector<std::string> decode_rows_variance(Model& model, Backend& backend, co
   return differ;
 }
 
+// A model directory loaded on a CUDA backend of its own.
+struct GpuModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+GpuModel load_on_gpu(const std::string& dir) {
+  GpuModel g;
+  auto backend = make_cuda_backend(0);
+  EXPECT_TRUE(backend.ok());
+  if (!backend.ok()) return g;
+  g.backend = std::move(backend).value();
+  auto model = load_model(dir, *g.backend);
+  EXPECT_TRUE(model.ok()) << model.error().message;
+  if (model.ok()) g.model = std::move(model).value();
+  return g;
+}
+
 TEST_P(GpuFixtures, DecodeRowsAreBatchInvariant) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-  auto gpu = make_cuda_backend(0);
-  ASSERT_TRUE(gpu.ok());
-  auto model = load_model(fixture_path(GetParam()), **gpu);
-  ASSERT_TRUE(model.ok()) << model.error().message;
+  GpuModel g = load_on_gpu(fixture_path(GetParam()));
+  ASSERT_TRUE(g.model);
   const auto ids = fixture_ids(GetParam());
-  for (const std::string& d : decode_rows_variance(**model, **gpu, ids, int64_t(ids.size()) - 8)) ADD_FAILURE() << d;
-  EXPECT_TRUE((*gpu)->status().ok());
+  for (const std::string& d : decode_rows_variance(*g.model, *g.backend, ids, int64_t(ids.size()) - 8))
+    ADD_FAILURE() << d;
+  EXPECT_TRUE(g.backend->status().ok());
 }
 
 // A greedy request served among others that arrive while it runs gets the tokens it gets alone
@@ -197,26 +215,7 @@ std::vector<std::string> served_variance(Model& model) {
   std::vector<std::string> differ;
   const int64_t vocab = model.info().vocab_size;
   constexpr int kRequests = 24;
-  auto prompt = [vocab](int i) {
-    std::vector<int32_t> p;
-    uint32_t x = 12345u + uint32_t(i) * 7919u;
-    for (int k = 0; k < 5 + (i * 7) % 40; ++k) {
-      x = x * 1664525u + 1013904223u;
-      p.push_back(int32_t((x >> 8) % uint32_t(vocab)));
-    }
-    return p;
-  };
-  auto request = [&](int i) {
-    return GenerationParams{.prompt = prompt(i), .sampling = {.temperature = 0}, .max_tokens = 12};
-  };
-  auto drain = [](const std::shared_ptr<Generation>& g) {
-    std::vector<int32_t> tokens;
-    for (;;) {
-      auto u = g->wait(std::chrono::milliseconds(100));
-      tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
-      if (u.finish != FinishReason::running) return tokens;
-    }
-  };
+  auto prompt = [vocab](int i) { return prompt_for(i, vocab, 5 + (i * 7) % 40); };
   const SchedulerOptions alone_options{.max_batch = 1, .context = 256, .prefill_chunk = 16, .batch_invariant = true};
   std::vector<std::vector<int32_t>> alone(kRequests);
   {
@@ -224,10 +223,10 @@ std::vector<std::string> served_variance(Model& model) {
     EXPECT_TRUE(s.ok());
     if (!s.ok()) return differ;
     for (int i = 0; i < kRequests; ++i) {
-      auto g = (*s)->submit(request(i));
+      auto g = (*s)->submit(greedy(prompt(i), 12));
       EXPECT_TRUE(g.ok());
       if (!g.ok()) return differ;
-      alone[size_t(i)] = drain(*g);
+      alone[size_t(i)] = drain(*g).tokens;
     }
   }
   SchedulerOptions together_options = alone_options;
@@ -237,14 +236,14 @@ std::vector<std::string> served_variance(Model& model) {
   if (!s.ok()) return differ;
   std::vector<std::shared_ptr<Generation>> gens;
   for (int i = 0; i < kRequests; ++i) {
-    auto g = (*s)->submit(request(i));
+    auto g = (*s)->submit(greedy(prompt(i), 12));
     EXPECT_TRUE(g.ok());
     if (!g.ok()) return differ;
     gens.push_back(*g);
     if (i % 8 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (int i = 0; i < kRequests; ++i) {
-    const std::vector<int32_t> got = drain(gens[size_t(i)]);
+    const std::vector<int32_t> got = drain(gens[size_t(i)]).tokens;
     if (got != alone[size_t(i)]) {
       size_t at = 0;
       while (at < got.size() && at < alone[size_t(i)].size() && got[at] == alone[size_t(i)][at]) ++at;
@@ -257,12 +256,10 @@ std::vector<std::string> served_variance(Model& model) {
 
 TEST_P(GpuFixtures, ServedGreedyOutputDoesNotDependOnTheBatch) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-  auto gpu = make_cuda_backend(0);
-  ASSERT_TRUE(gpu.ok());
-  auto model = load_model(fixture_path(GetParam()), **gpu);
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  for (const std::string& d : served_variance(**model)) ADD_FAILURE() << d;
-  EXPECT_TRUE((*gpu)->status().ok());
+  GpuModel g = load_on_gpu(fixture_path(GetParam()));
+  ASSERT_TRUE(g.model);
+  for (const std::string& d : served_variance(*g.model)) ADD_FAILURE() << d;
+  EXPECT_TRUE(g.backend->status().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixtures, testing::ValuesIn(fixture_names()),
@@ -299,30 +296,17 @@ std::string write_width_model(const WidthCase& c, const std::string& dir) {
   return quantized;
 }
 
-TEST_P(GpuModelWidths, DecodeRowsAreBatchInvariant) {
+// Both checks on one written model (writing it is most of the test's time).
+TEST_P(GpuModelWidths, DecodeAndServedRowsAreBatchInvariant) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   TempDir tmp;
-  const std::string dir = write_width_model(GetParam(), tmp.path());
-  auto gpu = make_cuda_backend(0);
-  ASSERT_TRUE(gpu.ok());
-  auto model = load_model(dir, **gpu);
-  ASSERT_TRUE(model.ok()) << model.error().message;
+  GpuModel g = load_on_gpu(write_width_model(GetParam(), tmp.path()));
+  ASSERT_TRUE(g.model);
   std::vector<int32_t> ids;
   for (int i = 0; i < 30; ++i) ids.push_back(int32_t((i * 7919 + 11) % 8192));
-  for (const std::string& d : decode_rows_variance(**model, **gpu, ids, 22)) ADD_FAILURE() << d;
-  EXPECT_TRUE((*gpu)->status().ok());
-}
-
-TEST_P(GpuModelWidths, ServedGreedyOutputDoesNotDependOnTheBatch) {
-  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-  TempDir tmp;
-  const std::string dir = write_width_model(GetParam(), tmp.path());
-  auto gpu = make_cuda_backend(0);
-  ASSERT_TRUE(gpu.ok());
-  auto model = load_model(dir, **gpu);
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  for (const std::string& d : served_variance(**model)) ADD_FAILURE() << d;
-  EXPECT_TRUE((*gpu)->status().ok());
+  for (const std::string& d : decode_rows_variance(*g.model, *g.backend, ids, 22)) ADD_FAILURE() << "decode: " << d;
+  for (const std::string& d : served_variance(*g.model)) ADD_FAILURE() << "served: " << d;
+  EXPECT_TRUE(g.backend->status().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, GpuModelWidths,

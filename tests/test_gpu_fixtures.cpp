@@ -130,6 +130,51 @@ TEST_P(GpuFixtures, GraphDecodeMatchesForwards) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// kiln generate's decode: a recorded step replayed with its candidates found on the device
+// (SequenceDecoder) draws the tokens that forward calls and draw_next draw, greedy and sampled.
+TEST_P(GpuFixtures, ReplayedSequenceDecodingDrawsAsForwards) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = load_model(fixture_path(GetParam()), **gpu);
+  ASSERT_TRUE(model.ok());
+  const auto ids = fixture_ids(GetParam());
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 20);
+  const SamplingParams settings[] = {{.temperature = 0},
+                                     {.temperature = 0.8f, .top_k = 20, .top_p = 0.95f, .seed = 1},
+                                     {.temperature = 1.3f, .top_k = 5, .min_p = 0.05f, .seed = 2},
+                                     {.temperature = 1.0f, .seed = 3}};  // no top_k: whole rows, forward calls
+  for (const SamplingParams& p : settings) {
+    std::vector<std::vector<int32_t>> drawn;
+    for (bool replayed : {false, true}) {
+      auto state = (*model)->new_sequence(64);
+      ASSERT_TRUE(state.ok());
+      Sampler sampler(p);
+      std::vector<int32_t> history = prompt, out;
+      auto logits = run_tokens(**model, **state, prompt, 0, LogitRows::last);
+      ASSERT_TRUE(logits.ok());
+      auto next = draw_next(**model, *logits, sampler, history, true, 1);
+      ASSERT_TRUE(next.ok());
+      SequenceDecoder decoder(**model, **state, sampler);
+      for (int i = 0; i < 24; ++i) {
+        out.push_back(*next);
+        history.push_back(*next);
+        if (replayed) {
+          next = decoder.next(*next, history, true, i + 2);
+        } else {
+          auto step = run_token(**model, **state, *next);
+          ASSERT_TRUE(step.ok());
+          next = draw_next(**model, *step, sampler, history, true, i + 2);
+        }
+        ASSERT_TRUE(next.ok()) << next.error().message;
+      }
+      drawn.push_back(out);
+    }
+    EXPECT_EQ(drawn[0], drawn[1]) << "temperature " << p.temperature << " top_k " << p.top_k;
+  }
+  EXPECT_TRUE((*gpu)->status().ok());
+}
+
 // A sequence's decode logits do not depend on the other sequences in its forward call: one
 // sequence stepped alone and its twin (same prompt, same tokens) stepped as the first of 2, 3 and
 // 17 rows give the same bits, step after step (2 rows still take the fused output projections, 3

@@ -10,6 +10,7 @@
 
 #include "cli/default_model.h"
 #include "cli/generation.h"
+#include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
 
 namespace kiln::cli {
@@ -51,12 +52,13 @@ Status generate_ids(const GenerateOptions& o, Backend& backend) {
   Sampler sampler(o.generation.sampling);
   std::vector<int32_t> history = ids, out;
   KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, 0, LogitRows::last));  // on the host
+  KILN_ASSIGN(int32_t next, draw_next(*model, logits, sampler, history, /*check_finite=*/false, 1));
+  SequenceDecoder decoder(*model, *state, sampler);
   for (int64_t i = 0; i < o.generation.max_tokens; ++i) {
-    KILN_ASSIGN(const int32_t next, draw_next(*model, logits, sampler, history, /*check_finite=*/false, i + 1));
     out.push_back(next);
     history.push_back(next);
     if (i + 1 == o.generation.max_tokens) break;
-    KILN_ASSIGN(logits, run_token(*model, *state, next));  // stays on the device
+    KILN_ASSIGN(next, decoder.next(next, history, /*check_finite=*/false, i + 2));
   }
   std::string json = "[";
   for (size_t i = 0; i < out.size(); ++i) json += (i ? "," : "") + std::to_string(out[i]);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "cli/validators.h"
+#include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
 #include "runtime/sampling_defaults.h"
 #include "runtime/stop_strings.h"
@@ -155,13 +156,14 @@ Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt
   IncrementalDecoder decoder(tokenizer_, /*skip_special_tokens=*/true);
   StopMatcher stops(options.stops);
   stats.finish_reason = "length";
+  // the first token from the prompt's logits, each next one as its predecessor runs through the state
+  KILN_ASSIGN(int32_t next, draw_next(*model_, logits, sampler, history_, /*check_finite=*/true, 1));
+  SequenceDecoder decode(*model_, *state_, sampler);
   for (int64_t i = 0; i < options.max_tokens; ++i) {
     if (stop && stop->load()) {
       stats.finish_reason = "interrupted";
       break;
     }
-    // the prompt's logits on the host, then each step's on the device
-    KILN_ASSIGN(const int32_t next, draw_next(*model_, logits, sampler, history_, /*check_finite=*/true, i + 1));
     if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
       stats.finish_reason = "stop";
       break;
@@ -178,8 +180,12 @@ Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt
       history_.push_back(next);
       break;
     }
-    KILN_ASSIGN(logits, run_token(*model_, *state_, next));  // stays on the device
     history_.push_back(next);
+    if (i + 1 == options.max_tokens) {
+      KILN_TRY(decode.feed(next));
+      break;
+    }
+    KILN_ASSIGN(next, decode.next(next, history_, /*check_finite=*/true, i + 2));
   }
   if (!stops.stopped()) {
     const std::string rest = stops.push(decoder.flush());

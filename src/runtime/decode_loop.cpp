@@ -1,11 +1,16 @@
 #include "runtime/decode_loop.h"
 
+#include "runtime/prefill.h"
+
 namespace kiln {
 
 Result<std::unique_ptr<DecodeLoop>> DecodeLoop::create(Model& model, std::vector<SequenceState*> sequences,
-                                                       std::span<const int32_t> first) {
+                                                       std::span<const int32_t> first, int top_k,
+                                                       std::span<const float> temperatures) {
   if (sequences.empty() || first.size() != sequences.size())
     return make_error("decode loop: one first token per sequence is needed");
+  if (top_k > 0 && temperatures.size() != sequences.size())
+    return make_error("decode loop: one temperature per sequence is needed");
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model));
   std::vector<SeqChunk> chunks;
   for (size_t i = 0; i < sequences.size(); ++i) chunks.push_back({sequences[i], first.subspan(i, 1)});
@@ -13,12 +18,24 @@ Result<std::unique_ptr<DecodeLoop>> DecodeLoop::create(Model& model, std::vector
   KILN_ASSIGN(loop->batch_, model.prepare(chunks));
   loop->positions_host_ = host_tensor(DType::i32, Shape{int64_t(sequences.size())});
   Backend& backend = model.backend();
+  const int64_t n = int64_t(sequences.size());
+  if (top_k > 0) {
+    Tensor t = host_tensor(DType::f32, Shape{n});
+    std::copy(temperatures.begin(), temperatures.end(), t.data_as<float>());
+    loop->temperatures_ = backend.upload(t, DType::f32);
+    loop->top_values_ = backend.alloc(DType::f32, Shape{n, top_k});
+    loop->top_ids_ = backend.alloc(DType::i32, Shape{n, top_k});
+  }
   DecodeLoop* self = loop.get();
-  KILN_ASSIGN(loop->graph_, backend.capture([self, &backend]() -> Status {
+  KILN_ASSIGN(loop->graph_, backend.capture([self, &backend, top_k]() -> Status {
     KILN_ASSIGN(self->logits_, self->model_.run(self->batch_, LogitRows::last));
-    backend.argmax(self->logits_, self->batch_.ids);  // the next input, in place
+    if (top_k > 0)
+      backend.top_k(self->logits_, self->temperatures_, top_k, self->top_values_, self->top_ids_);
+    else
+      backend.argmax(self->logits_, self->batch_.ids);  // the next input, in place
     return ok_status();
   }));
+  KILN_TRY(backend.status());
   return loop;
 }
 
@@ -41,6 +58,58 @@ Status DecodeLoop::step() {
 std::vector<int32_t> DecodeLoop::tokens() {
   Tensor host = model_.backend().to_host(batch_.ids);
   return std::vector<int32_t>(host.data_as<int32_t>(), host.data_as<int32_t>() + host.numel());
+}
+
+void DecodeLoop::set_tokens(std::span<const int32_t> tokens) {
+  Tensor host = host_tensor(DType::i32, Shape{int64_t(tokens.size())});
+  std::copy(tokens.begin(), tokens.end(), host.data_as<int32_t>());
+  model_.backend().copy(host, batch_.ids);
+}
+
+DecodeLoop::Candidates DecodeLoop::candidates() {
+  return {model_.backend().to_host(top_values_), model_.backend().to_host(top_ids_)};
+}
+
+bool SequenceDecoder::replays() const {
+  const SamplingParams& p = sampler_.params();
+  return model_.backend().device() != Device::cpu && (plain_greedy(p) || draws_from_top_k(p, model_.info().vocab_size));
+}
+
+Status SequenceDecoder::run(int32_t token) {
+  if (!loop_) {
+    const SamplingParams& p = sampler_.params();
+    const bool greedy = plain_greedy(p);
+    const float temperature = greedy ? 1.0f : p.temperature;
+    std::vector<SequenceState*> one = {&state_};
+    KILN_ASSIGN(loop_, DecodeLoop::create(model_, one, std::span<const int32_t>(&token, 1), greedy ? 1 : p.top_k,
+                                          std::span<const float>(&temperature, 1)));
+  } else {
+    loop_->set_tokens(std::span<const int32_t>(&token, 1));
+  }
+  return loop_->step();
+}
+
+Status SequenceDecoder::feed(int32_t token) {
+  if (replays()) {
+    KILN_TRY(run(token));
+    return model_.backend().status();
+  }
+  KILN_ASSIGN(Tensor logits, run_token(model_, state_, token));
+  return ok_status();
+}
+
+Result<int32_t> SequenceDecoder::next(int32_t token, std::span<const int32_t> history, bool check_finite,
+                                      int64_t generated_index) {
+  if (!replays()) {
+    KILN_ASSIGN(Tensor logits, run_token(model_, state_, token));
+    return draw_next(model_, logits, sampler_, history, check_finite, generated_index);
+  }
+  KILN_TRY(run(token));
+  const DecodeLoop::Candidates c = loop_->candidates();
+  KILN_TRY(model_.backend().status());
+  return draw_from_candidates(sampler_, std::span<const float>(c.values.data_as<float>(), size_t(c.values.numel())),
+                              std::span<const int32_t>(c.ids.data_as<int32_t>(), size_t(c.ids.numel())),
+                              model_.info().vocab_size, check_finite, generated_index);
 }
 
 }  // namespace kiln

@@ -62,10 +62,9 @@ Result<int32_t> draw_next(Model& model, const Tensor& logits, Sampler& sampler, 
     backend.top_k(last, backend.upload(temperature, DType::f32), k, values, ids);
     const Tensor host_values = backend.to_host(values), host_ids = backend.to_host(ids);
     KILN_TRY(backend.status());
-    const std::span<const float> v(host_values.data_as<float>(), size_t(k));
-    const std::span<const int32_t> id(host_ids.data_as<int32_t>(), size_t(k));
-    if (check_finite && !std::isfinite(v[0])) return non_finite(generated_index);
-    return greedy ? id[0] : sampler.sample_top_k(v, id, vocab);
+    return draw_from_candidates(sampler, std::span<const float>(host_values.data_as<float>(), size_t(k)),
+                                std::span<const int32_t>(host_ids.data_as<int32_t>(), size_t(k)), vocab, check_finite,
+                                generated_index);
   }
   const Tensor host = last.device() == Device::cpu ? last : backend.to_host(last);
   KILN_TRY(backend.status());
@@ -73,6 +72,13 @@ Result<int32_t> draw_next(Model& model, const Tensor& logits, Sampler& sampler, 
   if (check_finite && !std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); }))
     return non_finite(generated_index);
   return sampler.sample(row, history);
+}
+
+Result<int32_t> draw_from_candidates(Sampler& sampler, std::span<const float> values, std::span<const int32_t> ids,
+                                     int64_t vocab, bool check_finite, int64_t generated_index) {
+  if (values.empty() || values.size() != ids.size()) return make_error("no candidates to draw from");
+  if (check_finite && !std::isfinite(values[0])) return non_finite(generated_index);
+  return plain_greedy(sampler.params()) ? ids[0] : sampler.sample_top_k(values, ids, vocab);
 }
 
 }  // namespace kiln

@@ -23,4 +23,9 @@ Result<Tensor> run_token(Model& model, SequenceState& state, int32_t token);
 Result<int32_t> draw_next(Model& model, const Tensor& logits, Sampler& sampler, std::span<const int32_t> history,
                           bool check_finite, int64_t generated_index);
 
+// The next token drawn from a row's best candidates (values best first, and their ids), as
+// draw_next draws from them: the first when greedy.
+Result<int32_t> draw_from_candidates(Sampler& sampler, std::span<const float> values, std::span<const int32_t> ids,
+                                     int64_t vocab, bool check_finite, int64_t generated_index);
+
 }  // namespace kiln

@@ -241,8 +241,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 4 : 3)
 // value, far below bf16's own rounding), once per block, into shared memory. A word of codes is
 // split into bytes (an AND, plus a shift per further code in a byte) that dp2a multiplies with two
 // int16 inputs at a time: ~1 instruction a weight. The integer sums are exact, so how a chunk's
-// products are grouped cannot change a bit; per chunk acc += (s · sx) · Σ xq·q + b · Σ x, always in
-// chunk order.
+// products are grouped cannot change a bit.
+//
+// The float sums follow one order, the same at any row count, so a row gets the bits it gets alone:
+// a chunk's term is (s · sx) · Σ xq·q + b · Σ x (one FMA over two rounded products); the terms of a
+// run of 32 chunks are added as a balanced tree over the chunks in order (pairs, pairs of pairs,
+// ...; chunks past the end give +0); a part's runs are added in turn to its sum, which starts at +0;
+// the parts' sums are added in part order from +0 (one part: its sum alone). A lane adds one run
+// value a step (run_sums), not a chain of its own chunks, so a kernel that holds a chunk's dots for
+// all rows at once (tensor cores) can form the same sums streaming over the chunks.
 //
 // Blocks of 16 warps, one an SM, loop over tiles of R weight rows (a GLU tile: R/2 gate and R/2 up
 // rows). `parts` warps share a tile, each taking every parts-th run of 32 chunks, their sums added
@@ -319,6 +326,39 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The value of N (a power of two, at most 32) that lane ℓ keeps after run_sums: its low log2 N bits
+// reversed. The mapping is its own inverse, so it also names the first lane keeping value i.
+template <int N>
+__device__ __forceinline__ int kept_value(int lane) {
+  int i = 0;
+#pragma unroll
+  for (int n = N; n > 1; n /= 2, lane >>= 1) i += (lane & 1) * (n / 2);
+  return i;
+}
+
+// N values a lane, each summed over the warp's lanes as a balanced tree in lane order (lane offsets
+// 1, 2, 4, 8, 16 in turn: the tree the run order above names). Each level a lane keeps half of its
+// values and sends the other half to its partner, so N − 1 + 5 − log2 N shuffles instead of 5N;
+// lane ℓ returns value kept_value<N>(ℓ).
+template <int N>
+__device__ __forceinline__ float run_sums(float (&v)[N], int lane) {
+#pragma unroll
+  for (int level = 0; level < 5; ++level) {
+    const int offset = 1 << level, n = N >> level;  // n: the values still held
+    if (n > 1) {
+      const bool upper = lane & offset;
+#pragma unroll
+      for (int i = 0; i < n / 2; ++i) {
+        const float send = upper ? v[i] : v[i + n / 2], keep = upper ? v[i + n / 2] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+      }
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+    }
+  }
+  return v[0];
+}
+
 // out[m, row] for rows [0, rows) of x; RESIDUAL > 0 (a single product, bf16 out): then the last
 // block to finish runs the residual update after it (cuda_residual_norm.cuh, RESIDUAL chunks a
 // thread) and sets `done` back to zero, as the bf16 products' fused form does.
@@ -328,7 +368,7 @@ __global__ void __launch_bounds__(kDotThreads, 1)
                 int tiles, ResidualRows<bf16> update, unsigned* done) {
   constexpr int kOut = GLU ? R / 2 : R;  // output features of a tile
   extern __shared__ uint4 pieces[];
-  __shared__ float partial[2][kDotWarps][R][M];
+  __shared__ float partial[2][kDotWarps][R * M];
   const int chunks = int(p.k / 32);
   float2* stats = reinterpret_cast<float2*>(pieces + int64_t(rows) * 4 * chunks);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -394,50 +434,36 @@ __global__ void __launch_bounds__(kDotThreads, 1)
     }
   };
 
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  // The R·M sums (value r·M + m: weight row r, input row m) are spread over the lanes: each lane
+  // adds the runs of the value it keeps (run_sums), lanes 0 .. R·M − 1 one value each.
+  constexpr int kValues = R * M;
+  const int kept = kept_value<kValues>(lane);
+  float acc = 0.0f;
 
   auto finish = [&](int k) {  // tile k of this warp: the parts' sums, then the outputs
-    float total[R][M];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int m = 0; m < M; ++m) total[r][m] = warp_sum(acc[r][m]), acc[r][m] = 0.0f;
+    float total = acc;
+    acc = 0.0f;
     if (parts > 1) {  // double-buffered by tile: a part writes tile k + 2's sums only after part 0 read k's
-      if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int m = 0; m < M; ++m) partial[k & 1][warp][r][m] = total[r][m];
+      if (lane < kValues) partial[k & 1][warp][kept] = total;
       named_barrier(1 + group, parts * 32);
       if (part != 0) return;
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float v = 0.0f;
-          for (int w = 0; w < parts; ++w) v += partial[k & 1][group * parts + w][r][m];
-          total[r][m] = v;
-        }
+      if (lane < kValues) {
+        float v = 0.0f;
+        for (int w = 0; w < parts; ++w) v += partial[k & 1][group * parts + w][kept];
+        total = v;
+      }
     }
-    if (lane != 0) return;
     int64_t first;
     const int s = product_of(first_tile + k * tile_stride, first);
     const int64_t n = p.n[s];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (m >= rows) break;
-#pragma unroll
-      for (int o = 0; o < kOut; ++o) {
-        if (first + o >= n) break;
-        float v = total[o][m];
-        if constexpr (GLU) v = (gelu ? gelu_tanh(v) : silu(v)) * total[o + kOut][m];
-        store_output(p.out[s], m * p.ldo[s] + first + o, v, f32_out);
-      }
+    const int r = kept / M, m = kept % M;
+    float v = total;
+    if constexpr (GLU) {  // the up row's sum, from the lane keeping it
+      const float up = __shfl_sync(0xffffffffu, total, kept_value<kValues>(min(kValues - 1, kept + kOut * M)));
+      v = (gelu ? gelu_tanh(v) : silu(v)) * up;
+      if (r >= kOut) return;
     }
+    if (lane < kValues && m < rows && first + r < n) store_output(p.out[s], m * p.ldo[s] + first + r, v, f32_out);
   };
 
   int consume_tile = 0, consume_it = 0;
@@ -450,12 +476,15 @@ __global__ void __launch_bounds__(kDotThreads, 1)
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int w = 0; w < BITS; ++w) folded ^= f.words[r][w];
-      acc[0][0] += __uint_as_float(folded & 0x3ffu) + __bfloat162float(f.scale[0]) * __bfloat162float(f.bias[0]);
+      acc += __uint_as_float(folded & 0x3ffu) + __bfloat162float(f.scale[0]) * __bfloat162float(f.bias[0]);
       if (++consume_it < iters) return false;
       consume_it = 0;
       return true;
     }
 #endif
+    float terms[kValues];
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) terms[i] = 0.0f;
     if (c < chunks) {
       float s_f[R], b_f[R];
 #pragma unroll
@@ -468,10 +497,11 @@ __global__ void __launch_bounds__(kDotThreads, 1)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const float dot = __int2float_rn(chunk_dot<BITS>(f.words[r], pairs));
-          acc[r][m] = fmaf(s_f[r] * st.x, dot, fmaf(b_f[r], st.y, acc[r][m]));
+          terms[r * M + m] = fmaf(s_f[r] * st.x, dot, b_f[r] * st.y);
         }
       }
     }
+    acc += run_sums<kValues>(terms, lane);  // every lane: the run's tree is warp-wide
     if (++consume_it < iters) return false;
     consume_it = 0;
     return true;  // the tile's last iteration: finish it once the buffer is refilled

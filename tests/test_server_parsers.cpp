@@ -138,16 +138,47 @@ TEST(OutputParser, ForcedCallOpeningsAreEachFamilysOwn) {
   EXPECT_EQ(g.tool_calls[0].name, "f");
 }
 
-// Which of Qwen's call bodies a chat template writes: XML (Qwen 3.5), or anything else (JSON).
+// Which of Qwen's call bodies a chat template writes: XML (Qwen 3.5), or anything else (JSON); for
+// a JSON body in Qwen 3's form, the text around a function's name, which a named tool_choice forces.
 TEST(OutputParser, QwenCallBodyComesFromTheTemplate) {
   auto read = [](const std::string& name) {
     std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/jinja/templates/" + name);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   const nlohmann::ordered_json config = {{"eos_token", "<|im_end|>"}, {"bos_token", ""}};
-  EXPECT_EQ(qwen_call_body(ChatTemplate::from_source(read("qwen35_style.jinja"), config)), ToolFormat::qwen_xml);
-  EXPECT_EQ(qwen_call_body(ChatTemplate::from_source(read("generation_chatml.jinja"), config)),
-            ToolFormat::hermes_json);
+  auto read_body = [&](const std::string& source) {
+    OutputFormat format = qwen_format();
+    read_qwen_call_body(ChatTemplate::from_source(source, config), format);
+    return format;
+  };
+  const OutputFormat xml = read_body(read("qwen35_style.jinja"));
+  EXPECT_EQ(xml.tools, ToolFormat::qwen_xml);
+  EXPECT_EQ(xml.call_opening("f"), "<tool_call>\n<function=f>\n");
+  const OutputFormat other = read_body(read("generation_chatml.jinja"));  // JSON in <call> tags
+  EXPECT_EQ(other.tools, ToolFormat::hermes_json);
+  EXPECT_EQ(other.call_opening("f"), "<tool_call>\n");  // its form is not Qwen's: the name is left to the model
+  // Qwen 3's template: its system prompt names the marker and the tools, then the call is written
+  const std::string qwen3 = R"({%- if tools %}<|im_start|>system
+Return calls within <tool_call></tool_call> tags. Tools: {{ tools | tojson }}<|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}
+{%- for tool_call in message.tool_calls | default([]) %}{% set tool_call = tool_call.function %}
+{{- '<tool_call>\n{"name": "' }}{{ tool_call.name }}{{ '", "arguments": ' }}{{ tool_call.arguments | tojson }}{{ '}\n</tool_call>' }}
+{%- endfor %}<|im_end|>
+{% endfor %})";
+  const OutputFormat json_body = read_body(qwen3);
+  EXPECT_EQ(json_body.tools, ToolFormat::hermes_json);
+  EXPECT_EQ(json_body.json_before_name, "\n{\"name\": \"");
+  EXPECT_EQ(json_body.json_after_name, "\", \"arguments\":");
+  EXPECT_EQ(json_body.call_opening(""), "<tool_call>\n");
+  EXPECT_EQ(json_body.call_opening("get_weather"), "<tool_call>\n{\"name\": \"get_weather\", \"arguments\":");
+  const OutputDelta d =
+      parse(json_body, json_body.call_opening("get_weather") + " {\"city\": \"Oslo\"}}\n</tool_call>", 4);
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(d.tool_calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(d.content, "");
 }
 
 // A request's sampling starts from the served model's defaults (its generation_config.json) and

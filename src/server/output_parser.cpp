@@ -243,7 +243,7 @@ std::vector<std::string> OutputFormat::markers() const {
   return out;
 }
 
-ToolFormat qwen_call_body(const ChatTemplate& tmpl) {
+void read_qwen_call_body(const ChatTemplate& tmpl, OutputFormat& format) {
   ChatRequest probe;
   probe.messages = nlohmann::ordered_json::parse(
       R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
@@ -253,8 +253,28 @@ ToolFormat qwen_call_body(const ChatTemplate& tmpl) {
           "properties": {"a": {"type": "integer"}}}}}])");
   probe.add_generation_prompt = false;
   auto text = tmpl.render(probe);
-  if (!text.ok() || text->find("probe_fn") == std::string::npos) return ToolFormat::qwen_xml;
-  return text->find("<function=probe_fn>") != std::string::npos ? ToolFormat::qwen_xml : ToolFormat::hermes_json;
+  format.tools = ToolFormat::qwen_xml;
+  format.json_before_name.clear(), format.json_after_name.clear();
+  if (!text.ok() || text->find("probe_fn") == std::string::npos ||
+      text->find("<function=probe_fn>") != std::string::npos)
+    return;
+  format.tools = ToolFormat::hermes_json;
+  // The call is the last thing rendered (a system prompt may name the marker and the tool before
+  // it). Only a short, one-line text on each side of the name is taken as the form.
+  const size_t open = format.call_open.empty() ? std::string::npos : text->rfind(format.call_open);
+  if (open == std::string::npos) return;
+  const size_t body = open + format.call_open.size(), name = text->find("probe_fn", body);
+  const size_t arguments = name == std::string::npos ? name : text->find("{\"a\"", name);
+  if (arguments == std::string::npos) return;
+  std::string before = text->substr(body, name - body), after = text->substr(name + 8, arguments - name - 8);
+  while (!after.empty() && std::isspace(static_cast<unsigned char>(after.back()))) after.pop_back();
+  const auto one_line = [](const std::string& s) { return s.find('\n') == std::string::npos; };
+  const bool newline_first = before.starts_with('\n');
+  if (before.size() > 32 || after.empty() || after.size() > 32 || !one_line(before.substr(newline_first ? 1 : 0)) ||
+      !one_line(after))
+    return;
+  format.json_before_name = std::move(before);
+  format.json_after_name = std::move(after);
 }
 
 std::string OutputFormat::call_opening(const std::string& function) const {
@@ -265,8 +285,11 @@ std::string OutputFormat::call_opening(const std::string& function) const {
       return call_open + "call:" + function;  // the model writes the `{` (its tokens may join what follows)
     case ToolFormat::qwen_xml:
       return call_open + "\n" + (function.empty() ? "" : "<function=" + function + ">\n");
-    case ToolFormat::hermes_json:
-      return call_open + "\n";
+    case ToolFormat::hermes_json: {
+      if (function.empty() || json_before_name.empty()) return call_open + "\n";
+      const std::string quoted = nlohmann::json(function).dump();  // the name as a JSON string
+      return call_open + json_before_name + quoted.substr(1, quoted.size() - 2) + json_after_name;
+    }
   }
   return "";
 }

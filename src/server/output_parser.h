@@ -29,6 +29,10 @@ struct OutputFormat {
   std::string call_open, call_close;
   bool starts_in_reasoning = false;  // the prompt opened the reasoning block
   nlohmann::json tool_schemas;       // the request's tools (argument types), or null
+  // A JSON call body (Qwen 3): what the chat template writes from the call marker to a function's
+  // name and from the name to its arguments (`\n{"name": "` and `", "arguments":`); empty when
+  // not known.
+  std::string json_before_name, json_after_name;
 
   // The format of a model whose vocabulary holds the tokens `has_token` accepts (each family's
   // markup tokens are in its vocabulary; Qwen's XML and JSON calls are told apart by their body).
@@ -37,7 +41,8 @@ struct OutputFormat {
   std::vector<std::string> markers() const;
   // How a tool call opens, as the model writes it: the call marker, then, when a function is given,
   // its name as the format writes it first (Gemma 4 `call:NAME`, Qwen XML `<function=NAME>` and a
-  // newline; Qwen's JSON body is left to the model). Empty without tool calls.
+  // newline, Qwen's JSON body up to `"arguments":` when the template's form of it is known). Empty
+  // without tool calls.
   std::string call_opening(const std::string& function) const;
   // What the model writes between the end of its reasoning and its answer.
   std::string answer_separator() const;
@@ -56,8 +61,9 @@ struct OutputDelta {
 };
 
 // Qwen's XML and JSON call bodies share their markers (so the vocabulary cannot tell them apart):
-// the one `tmpl` renders an assistant's tool call in, qwen_xml when it cannot tell.
-ToolFormat qwen_call_body(const ChatTemplate& tmpl);
+// sets format.tools to the one `tmpl` renders an assistant's tool call in (qwen_xml when it cannot
+// tell) and, for JSON bodies, the text the template writes around a function's name.
+void read_qwen_call_body(const ChatTemplate& tmpl, OutputFormat& format);
 
 class OutputParser {
  public:

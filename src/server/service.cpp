@@ -46,7 +46,7 @@ Service::Service(ServedModel model) : model_(std::move(model)) {
     const Tokenizer& t = *model_.tokenizer;
     format_ = OutputFormat::for_vocabulary([&](const std::string& token) { return t.token_to_id(token).has_value(); });
     if (format_.tools == ToolFormat::qwen_xml && model_.chat_template)
-      format_.tools = qwen_call_body(*model_.chat_template);
+      read_qwen_call_body(*model_.chat_template, format_);
   }
 }
 

@@ -70,10 +70,12 @@ DecodeLoop::Candidates DecodeLoop::candidates() {
   return {model_.backend().to_host(top_values_), model_.backend().to_host(top_ids_)};
 }
 
-bool SequenceDecoder::replays() const {
-  const SamplingParams& p = sampler_.params();
-  return model_.backend().device() != Device::cpu && (plain_greedy(p) || draws_from_top_k(p, model_.info().vocab_size));
-}
+SequenceDecoder::SequenceDecoder(Model& model, SequenceState& state, Sampler& sampler)
+    : model_(model),
+      state_(state),
+      sampler_(sampler),
+      replays_(model.backend().device() != Device::cpu &&
+               (plain_greedy(sampler.params()) || draws_from_top_k(sampler.params(), model.info().vocab_size))) {}
 
 Status SequenceDecoder::run(int32_t token) {
   if (!loop_) {
@@ -90,7 +92,7 @@ Status SequenceDecoder::run(int32_t token) {
 }
 
 Status SequenceDecoder::feed(int32_t token) {
-  if (replays()) {
+  if (replays_) {
     KILN_TRY(run(token));
     return model_.backend().status();
   }
@@ -100,7 +102,7 @@ Status SequenceDecoder::feed(int32_t token) {
 
 Result<int32_t> SequenceDecoder::next(int32_t token, std::span<const int32_t> history, bool check_finite,
                                       int64_t generated_index) {
-  if (!replays()) {
+  if (!replays_) {
     KILN_ASSIGN(Tensor logits, run_token(model_, state_, token));
     return draw_next(model_, logits, sampler_, history, check_finite, generated_index);
   }

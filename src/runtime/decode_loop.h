@@ -54,8 +54,7 @@ class DecodeLoop {
 // otherwise each token is a forward call and draw_next.
 class SequenceDecoder {
  public:
-  SequenceDecoder(Model& model, SequenceState& state, Sampler& sampler)
-      : model_(model), state_(state), sampler_(sampler) {}
+  SequenceDecoder(Model& model, SequenceState& state, Sampler& sampler);
   // Feeds `token` (the last one drawn) and draws the next. `history` (prompt and output so far)
   // is for penalties; `check_finite` and `generated_index` as for draw_next.
   Result<int32_t> next(int32_t token, std::span<const int32_t> history, bool check_finite, int64_t generated_index);
@@ -67,7 +66,7 @@ class SequenceDecoder {
   SequenceState& state_;
   Sampler& sampler_;
   // Where the draw needs only candidates on a GPU: the recorded step, created at the first token.
-  bool replays() const;
+  const bool replays_;
   Status run(int32_t token);
 
   std::unique_ptr<DecodeLoop> loop_;

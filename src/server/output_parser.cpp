@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <string_view>
 
 namespace kiln::server {
 
@@ -263,15 +264,17 @@ void read_qwen_call_body(const ChatTemplate& tmpl, OutputFormat& format) {
   // it). Only a short, one-line text on each side of the name is taken as the form.
   const size_t open = format.call_open.empty() ? std::string::npos : text->rfind(format.call_open);
   if (open == std::string::npos) return;
-  const size_t body = open + format.call_open.size(), name = text->find("probe_fn", body);
-  const size_t arguments = name == std::string::npos ? name : text->find("{\"a\"", name);
+  constexpr std::string_view kName = "probe_fn", kArguments = "{\"a\"";
+  const size_t body = open + format.call_open.size(), name = text->find(kName, body);
+  const size_t arguments = name == std::string::npos ? name : text->find(kArguments, name);
   if (arguments == std::string::npos) return;
-  std::string before = text->substr(body, name - body), after = text->substr(name + 8, arguments - name - 8);
+  const size_t name_end = name + kName.size();
+  std::string before = text->substr(body, name - body), after = text->substr(name_end, arguments - name_end);
   while (!after.empty() && std::isspace(static_cast<unsigned char>(after.back()))) after.pop_back();
-  const auto one_line = [](const std::string& s) { return s.find('\n') == std::string::npos; };
-  const bool newline_first = before.starts_with('\n');
-  if (before.size() > 32 || after.empty() || after.size() > 32 || !one_line(before.substr(newline_first ? 1 : 0)) ||
-      !one_line(after))
+  // a newline may open the body (Qwen 3: `<tool_call>\n{"name": "`), none may follow
+  const std::string_view head = std::string_view(before).substr(before.starts_with('\n') ? 1 : 0);
+  if (before.size() > 32 || after.empty() || after.size() > 32 || head.find('\n') != head.npos ||
+      after.find('\n') != std::string::npos)
     return;
   format.json_before_name = std::move(before);
   format.json_after_name = std::move(after);

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
@@ -241,6 +243,50 @@ TEST_P(GpuQuant, ProductRowsAreBatchInvariant) {
                 << bits << " bits, " << m << " rows, row " << r << ", column " << c;
         }
       }
+    }
+}
+
+// From twelve input rows the 4-bit products run on the tensor cores (MLX's rows); each row must still
+// get the bits it gets alone (the dp2a kernel): every group size, runs of 32 chunks cut short (20 and
+// 80 chunks) or whole (128), one or two tiles of input rows a pass, a pass cut by the shared memory
+// (4,096 columns: 24 rows, then 8 by dp2a) or too short for the tensor cores (9,216 columns: 10
+// rows), tiles of weight rows cut short, plain, fused and GLU products, f32 and bf16 outputs.
+TEST_P(GpuQuant, FourBitRowsOnTheTensorCoresMatchRowsAlone) {
+  for (int group : {32, 64, 128})
+    for (int64_t k : {640, 2560, 4096, 9216}) {
+      if (group != 64 && (k == 4096 || k == 9216)) continue;
+      Tensor w = random_quantized(rng, Shape{45, k}, 4, group), up = random_quantized(rng, Shape{45, k}, 4, group);
+      Tensor other = random_quantized(rng, Shape{21, k}, 4, group);
+      Tensor wg = gpu->upload_quantized(w), up_g = gpu->upload_quantized(up), other_g = gpu->upload_quantized(other);
+      for (int64_t m : {3, 12, 16, 17, 23, 32})
+        for (DType out : {DType::f32, DType::bf16}) {
+          Tensor x = random(Shape{m, k}, 0.05f);
+          Tensor xg = gpu->upload(x, DType::bf16);
+          Tensor all = gpu->alloc(out, Shape{m, 45}), all_glu = gpu->alloc(out, Shape{m, 45});
+          Tensor all_other = gpu->alloc(out, Shape{m, 21}), all_w = gpu->alloc(out, Shape{m, 45});
+          gpu->matmul(xg, wg, all);
+          gpu->glu_matmul(xg, wg, up_g, Activation::silu, all_glu);
+          gpu->matmul_many(xg, std::vector<MatmulProduct>{{other_g, all_other}, {wg, all_w}});
+          ASSERT_TRUE(gpu->status().ok()) << gpu->status().error().message;
+          Tensor want = cpu.alloc(DType::f32, Shape{m, 45});
+          cpu.matmul(x, w, want);
+          const std::string where = fmt::format("group {}, {}x45x{}, {}", group, m, k, dtype_name(out));
+          EXPECT_LT(rel(gpu->to_host(all), want), tolerance(out, m, 4)) << where;
+          const Tensor all_host = gpu->to_host(all), glu_host = gpu->to_host(all_glu),
+                       other_host = gpu->to_host(all_other);
+          EXPECT_TRUE(same_bits(gpu->to_host(all_w), all_host)) << where;
+          for (int64_t r = 0; r < m; ++r) {
+            Tensor one = gpu->alloc(out, Shape{1, 45}), one_glu = gpu->alloc(out, Shape{1, 45});
+            Tensor one_other = gpu->alloc(out, Shape{1, 21});
+            gpu->matmul(xg.rows_view(r, 1), wg, one);
+            gpu->glu_matmul(xg.rows_view(r, 1), wg, up_g, Activation::silu, one_glu);
+            gpu->matmul(xg.rows_view(r, 1), other_g, one_other);
+            EXPECT_TRUE(same_bits(gpu->to_host(one), all_host.rows_view(r, 1))) << where << ", row " << r;
+            EXPECT_TRUE(same_bits(gpu->to_host(one_glu), glu_host.rows_view(r, 1))) << where << ", GLU, row " << r;
+            EXPECT_TRUE(same_bits(gpu->to_host(one_other), other_host.rows_view(r, 1)))
+                << where << ", fused, row " << r;
+          }
+        }
     }
 }
 

@@ -7,9 +7,10 @@
 // adds to the step (tools/gpu/timeline-summary.py reads them). Set KILN_TIMELINE=FILE to write the
 // first replays' marks there as CSV; KILN_PDL_EARLY=1 lets each kernel's dependents launch before
 // its own wait instead of after it; KILN_DOT_PARTS_{PLAIN,GLU,RES}=N force the warps that share a
-// tile of the integer products and KILN_QMMA_MIN_ROWS=N the input rows from which 4-bit products take the
-// tensor cores (cuda_quant_gemv.cu), KILN_DECODE_HEADS_PER_BLOCK=N the query heads
-// a decode attention block takes (cuda_decode_attention.cu). In other builds DecodeTimeline does nothing.
+// tile of the integer products (cuda_quant_gemv.cu), KILN_QMMA_MIN_ROWS=N the input rows from which
+// 4-bit products take the tensor cores (cuda_quant_mma.cu), KILN_DECODE_HEADS_PER_BLOCK=N the query
+// heads a decode attention block takes (cuda_decode_attention.cu). In other builds DecodeTimeline does
+// nothing.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -232,7 +232,7 @@ __device__ __forceinline__ float sum_over_rows(float v) {
   return v;
 }
 
-// One warp per (sequence, value head, slice of kSliceCols columns); dk ≤ kRowGroups · kRows,
+// One warp per (slice of kSliceCols columns, value head, sequence) in grid order; dk ≤ kRowGroups · kRows,
 // dv a multiple of 4, state 16-byte aligned. Each warp redoes its head's q/k normalisation, beta
 // and g: 2·dk values, cheaper than sharing them across blocks.
 //
@@ -240,11 +240,11 @@ __device__ __forceinline__ float sum_over_rows(float v) {
 // writes the state, never the op just before it (GatedDeltaArgs).
 template <int kRows>
 __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
-  const StateSeq& seq = p.seqs.seq[blockIdx.x];
+  const StateSeq& seq = p.seqs.seq[blockIdx.z];
   const int h = blockIdx.y, kh = h / (p.hv / p.hk);
   const int dk = p.dk, dv = p.dv;
   const int rg = threadIdx.x / kSliceGroups;
-  const int j0 = blockIdx.z * kSliceCols + (threadIdx.x % kSliceGroups) * 4;  // first of the lane's 4 columns
+  const int j0 = blockIdx.x * kSliceCols + (threadIdx.x % kSliceGroups) * 4;  // first of the lane's 4 columns
   const bool has_cols = j0 < dv;  // dv % 4 == 0: the lane's columns are all in or all out
   float* state = static_cast<float*>(seq.state) + int64_t(h) * dk * dv + j0;
   float4 s[kRows];  // lanes without columns, and rows past dk, hold zeros and take part in the sums
@@ -314,9 +314,9 @@ __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
   }
   if (!p.norm_weight) return;
   // The head's output norm, by the last of its slices: by then every slice has stored its columns.
-  unsigned* count = p.done + int64_t(blockIdx.x) * p.hv + h;
+  unsigned* count = p.done + int64_t(blockIdx.z) * p.hv + h;
   __syncwarp();  // the slice's columns are stored before lane 0 releases them
-  const bool last = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? arrive_acq_rel(count) == gridDim.z - 1 : false, 0);
+  const bool last = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? arrive_acq_rel(count) == gridDim.x - 1 : false, 0);
   if (!last) return;
   __syncwarp();  // the lanes read the other slices' columns after lane 0 acquired them
   const int lane = threadIdx.x;
@@ -708,7 +708,10 @@ void gated_delta(const GatedDeltaArgs& args, unsigned* done, cudaStream_t stream
       const dim3 slices(unsigned(p.seqs.n), unsigned(p.hv), unsigned(ceil_div(p.dv, pick->cols)));
       launch(pick->kernel, slices, kChunkThreads, pick->bytes, stream, p);
     } else if (sliced) {
-      const dim3 slices(unsigned(p.seqs.n), unsigned(p.hv), unsigned(ceil_div(p.dv, kSliceCols)));
+      // slices in x: a head's slices are neighbours in launch order, so its state (64 KB on Qwen
+      // 3.5 4B) is read at once; with sequences in x, 32 of them read 32 bytes of each 512-byte row
+      // in each of seven waves, and the rule took 1.6x as long
+      const dim3 slices(unsigned(ceil_div(p.dv, kSliceCols)), unsigned(p.hv), unsigned(p.seqs.n));
       DeltaParams fused = p;
       if (fuse_norm) {
         fused.norm_z = args.norm_z.data_as<bf16>();

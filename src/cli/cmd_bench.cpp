@@ -24,6 +24,7 @@ struct BenchOptions {
   int64_t prompt_len = 512;
   int64_t gen = 128;
   int64_t batch = 1;
+  int64_t context = 0;  // each sequence's cache capacity; 0: prompt + gen + 1
   int runs = 3;
   bool json = false;
   bool matmul_peak = true;
@@ -60,12 +61,13 @@ struct RunResult {
   double prefill_ms = 0, decode_ms = 0;
 };
 
-Result<RunResult> bench_once(Model& model, const std::vector<std::vector<int32_t>>& prompts, int64_t gen) {
+Result<RunResult> bench_once(Model& model, const std::vector<std::vector<int32_t>>& prompts, int64_t gen,
+                             int64_t context) {
   Backend& backend = model.backend();
   std::vector<std::unique_ptr<SequenceState>> seqs;
   std::vector<SeqChunk> chunks;
   for (const auto& p : prompts) {
-    KILN_ASSIGN(auto s, model.new_sequence(int64_t(p.size()) + gen + 1));
+    KILN_ASSIGN(auto s, model.new_sequence(context > 0 ? context : int64_t(p.size()) + gen + 1));
     seqs.push_back(std::move(s));
     chunks.push_back({seqs.back().get(), p});
   }
@@ -93,6 +95,9 @@ Result<RunResult> bench_once(Model& model, const std::vector<std::vector<int32_t
 
 Status run_bench(const BenchOptions& o) {
   if (o.prompt_len <= 0 || o.gen < 2 || o.batch <= 0) return make_error("bench needs --prompt-len > 0, --gen >= 2");
+  if (o.context > 0 && o.context < o.prompt_len + o.gen + 1)
+    return make_error("bench --ctx {} is less than the prompt and the tokens generated ({} + {} + 1)", o.context,
+                      o.prompt_len, o.gen);
   KILN_ASSIGN(auto backend, make_backend(o.run));
   ModelOptions model_options;
   model_options.max_chunk_tokens = o.prompt_len;  // the prompt goes in as one forward
@@ -113,7 +118,7 @@ Status run_bench(const BenchOptions& o) {
   backend->reset_peak_memory();
   std::vector<double> prefill, decode;
   for (int run = 0; run <= o.runs; ++run) {  // run 0 warms up
-    KILN_ASSIGN(RunResult r, bench_once(*model, prompts, o.gen));
+    KILN_ASSIGN(RunResult r, bench_once(*model, prompts, o.gen, o.context));
     if (run == 0) continue;
     prefill.push_back(r.prefill_ms);
     decode.push_back(r.decode_ms);
@@ -133,7 +138,7 @@ Status run_bench(const BenchOptions& o) {
     std::vector<std::unique_ptr<SequenceState>> seqs;
     std::vector<SeqChunk> chunks;
     for (const auto& p : prompts) {
-      KILN_ASSIGN(auto s, model->new_sequence(o.prompt_len + 8));
+      KILN_ASSIGN(auto s, model->new_sequence(std::max(o.context, o.prompt_len + 8)));
       seqs.push_back(std::move(s));
       chunks.push_back({seqs.back().get(), p});
     }
@@ -161,6 +166,7 @@ Status run_bench(const BenchOptions& o) {
   j["prompt_len"] = o.prompt_len;
   j["gen"] = o.gen;
   j["batch"] = o.batch;
+  j["context"] = o.context > 0 ? o.context : o.prompt_len + o.gen + 1;
   j["runs"] = o.runs;
   j["load_s"] = load_s;
   j["prefill_ms"] = prefill_ms;
@@ -185,8 +191,8 @@ Status run_bench(const BenchOptions& o) {
   }
   fmt::print("kiln bench: {} ({}, {:.2f} GB of weights) on {}\n", o.model_dir, info.model_type,
              double(info.weight_bytes) / 1e9, backend->name());
-  fmt::print("  prompt {} x batch {}, {} generated; median of {} runs after a warm-up; load {:.1f} s\n", o.prompt_len,
-             o.batch, o.gen, o.runs, load_s);
+  fmt::print("  prompt {} x batch {}, {} generated{}; median of {} runs after a warm-up; load {:.1f} s\n", o.prompt_len,
+             o.batch, o.gen, o.context > 0 ? fmt::format(", caches of {} tokens", o.context) : "", o.runs, load_s);
   fmt::print("  prefill              {:10.1f} tok/s   {:8.2f} ms   {:7.1f} TFLOP/s", prefill_tps, prefill_ms,
              prefill_rate / 1e12);
   if (peak_flops > 0)
@@ -209,6 +215,9 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens per sequence")->check(positive_number());
   cmd->add_option("--gen", options->gen, "Tokens generated per sequence")->check(number_in(2, 1 << 20));
   cmd->add_option("--batch", options->batch, "Sequences decoded together")->check(positive_number());
+  cmd->add_option("--ctx", options->context,
+                  "Cache capacity per sequence in tokens, as kiln serve --ctx allocates (default: prompt + gen + 1)")
+      ->check(positive_number());
   cmd->add_option("--runs", options->runs, "Timed runs (after one warm-up)")->check(number_in(1, 100));
   cmd->add_flag("--json", options->json, "Print the figures as JSON");
   cmd->add_flag("!--no-matmul-peak", options->matmul_peak, "Skip measuring the matrix-product peak");

@@ -66,6 +66,12 @@ void DecodeLoop::set_tokens(std::span<const int32_t> tokens) {
   model_.backend().copy(host, batch_.ids);
 }
 
+void DecodeLoop::set_temperatures(std::span<const float> temperatures) {
+  Tensor host = host_tensor(DType::f32, Shape{int64_t(temperatures.size())});
+  std::copy(temperatures.begin(), temperatures.end(), host.data_as<float>());
+  model_.backend().copy(host, temperatures_);
+}
+
 DecodeLoop::Candidates DecodeLoop::candidates() {
   return {model_.backend().to_host(top_values_), model_.backend().to_host(top_ids_)};
 }

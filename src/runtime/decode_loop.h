@@ -29,6 +29,12 @@ class DecodeLoop {
   std::vector<int32_t> tokens();
   // The next step's input tokens, from the host.
   void set_tokens(std::span<const int32_t> tokens);
+  // The temperatures the candidates are formed over (top_k >= 1), one a sequence, from the host.
+  void set_temperatures(std::span<const float> temperatures);
+  // The last step's choices (greedy) and candidates (top_k >= 1), on the device.
+  const Tensor& ids() const { return batch_.ids; }
+  const Tensor& top_values() const { return top_values_; }
+  const Tensor& top_ids() const { return top_ids_; }
   // The last step's candidates on the host: values and ids [sequences, top_k], best first.
   struct Candidates {
     Tensor values, ids;

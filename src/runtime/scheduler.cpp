@@ -262,7 +262,6 @@ Status Scheduler::step() {
 
 Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
   Launched l{.group = &group};
-  KILN_ASSIGN(l.logits, model_.forward(group.batch, LogitRows::last));
   // when every row that samples is plain greedy, the argmax runs on the device and only the ids
   // come back (a row of logits is vocab floats; a batch of them costs more to move than to reduce)
   // Rows drawing from their top_k candidates (most sampled requests, with a model's default top_k)
@@ -283,6 +282,11 @@ Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
     if (s.params.logprobs >= 0 || !draws_from_top_k(p, vocab)) all_from_top_k = false;
     top_k = std::max(top_k, p.top_k);
   }
+  if (candidates_pay && (all_greedy || all_from_top_k)) {
+    KILN_ASSIGN(const bool replayed, replay(group, all_greedy, top_k, l));
+    if (replayed) return l;
+  }
+  KILN_ASSIGN(l.logits, model_.forward(group.batch, LogitRows::last));
   if (all_greedy) {
     l.device_argmax = true;
     l.ids = backend.alloc(DType::i32, Shape{rows});
@@ -299,6 +303,51 @@ Result<Scheduler::Launched> Scheduler::launch(const Group& group) {
     backend.top_k(l.logits, backend.upload(temperatures, DType::f32), top_k, l.top_values, l.top_ids);
   }
   return l;
+}
+
+Result<bool> Scheduler::replay(const Group& group, bool greedy, int top_k, Launched& l) {
+  // decode rows only (a prompt chunk runs op by op), and few: at more rows the GPU's step is long
+  // enough that issuing it op by op costs nothing, and the workspace grows with the rows
+  constexpr size_t kMostRows = 4;
+  ReplayKey key{.top_k = greedy ? 0 : top_k};
+  for (size_t i = 0; i < group.owners.size(); ++i) {
+    if (group.owners[i]->prefilling() || group.batch[i].tokens.size() != 1) return false;
+    key.states.push_back(group.batch[i].state);
+  }
+  const ReplayKey previous = std::exchange(last_decode_, key);
+  if (replay_failed_ || key.states.size() > kMostRows) return false;
+  std::vector<int32_t> tokens;
+  std::vector<float> temperatures;
+  for (const Slot* s : group.owners) {
+    tokens.push_back(s->next);
+    const float t = s->params.sampling.temperature;
+    temperatures.push_back(greedy ? 1.0f : t > 0.0f ? t : 1.0f);  // greedy rows: the first candidate
+  }
+  if (!replayed_ || replayed_key_ != key) {
+    if (previous != key) return false;  // record only what ran at least twice in a row
+    replayed_.reset();                  // its workspace first
+    auto loop = DecodeLoop::create(model_, key.states, tokens, key.top_k, temperatures);
+    if (!loop.ok()) {
+      spdlog::warn("decode steps are issued op by op: recording one failed: {}", loop.error().message);
+      replay_failed_ = true;
+      return false;
+    }
+    replayed_ = std::move(loop).value();
+    replayed_key_ = key;
+  } else {
+    replayed_->set_tokens(tokens);
+    if (key.top_k > 0) replayed_->set_temperatures(temperatures);
+  }
+  KILN_TRY(replayed_->step());
+  if (key.top_k == 0) {
+    l.device_argmax = true;
+    l.ids = replayed_->ids();
+  } else {
+    l.top_k = key.top_k;
+    l.top_values = replayed_->top_values();
+    l.top_ids = replayed_->top_ids();
+  }
+  return true;
 }
 
 Status Scheduler::collect(const Launched& launched) {

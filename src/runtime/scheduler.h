@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "runtime/decode_loop.h"
 #include "runtime/forced_tokens.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
@@ -162,6 +163,9 @@ class Scheduler {
     int top_k = 0;
   };
   Result<Launched> launch(const Group& group);
+  // A decode group's step through the recorded step of the same sequences (see replayed_), or
+  // false where it does not replay.
+  Result<bool> replay(const Group& group, bool greedy, int top_k, Launched& l);
   Status collect(const Launched& launched);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
 
@@ -169,6 +173,21 @@ class Scheduler {
   SchedulerOptions options_;
   PrefixCache cache_;
   std::vector<std::unique_ptr<Slot>> slots_;
+
+  // The decode step of a few sequences, recorded (a CUDA graph) once the same sequences decoded
+  // two steps running, and replayed while they go on: a step then costs one launch instead of one
+  // an op, which bounds a lone stream's speed when the host issues ops no faster than the GPU runs
+  // them. Slots keep their sequence states for the scheduler's life, so the recording stays valid
+  // as requests come and go in them. One at a time: its workspace holds the step's temporaries.
+  struct ReplayKey {
+    std::vector<SequenceState*> states;
+    int top_k = 0;  // 0: greedy choices on the device
+    bool operator==(const ReplayKey&) const = default;
+  };
+  ReplayKey last_decode_;  // the previous step's decode group
+  ReplayKey replayed_key_;
+  std::unique_ptr<DecodeLoop> replayed_;
+  bool replay_failed_ = false;  // a recording failed once: every step is issued op by op
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -99,6 +99,16 @@ TEST(Scheduler, ForcedTokensReplaceTheSampledOnes) {
   EXPECT_EQ(std::vector<int32_t>(after_two.begin() + 2, after_two.begin() + 5), forced);
   // `after` never seen: nothing is forced
   EXPECT_EQ(run({.after = {forced[0], forced[1]}, .tokens = forced}), free);
+  // with an opener: a first token that is the opener makes the forced tokens wait for `after`...
+  const std::vector<int32_t> opened =
+      run({.after = {free[0], free[1]}, .tokens = forced, .opener = free[0], .at_once = {forced[2]}});
+  EXPECT_EQ(opened, after_two);
+  // ...and any other first token is replaced by `at_once`
+  const std::vector<int32_t> not_opened =
+      run({.after = {free[0], free[1]}, .tokens = forced, .opener = forced[0], .at_once = {forced[2], forced[1]}});
+  ASSERT_EQ(not_opened.size(), 8u);
+  EXPECT_EQ(std::vector<int32_t>(not_opened.begin(), not_opened.begin() + 2),
+            (std::vector<int32_t>{forced[2], forced[1]}));
   // a stop token sampled while `after` is awaited becomes `after`, and the forced tokens follow
   GenerationParams stopping = greedy(prompt_for(3, vocab, 12), 8);
   stopping.stop_ids = {free[2]};

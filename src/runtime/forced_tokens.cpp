@@ -8,12 +8,21 @@ namespace kiln {
 ForcedContinuation::ForcedContinuation(ForcedTokens forced, std::vector<int32_t> stop_ids)
     : forced_(std::move(forced)), stop_ids_(std::move(stop_ids)) {
   if (forced_.tokens.empty()) return;
-  awaiting_ = !forced_.after.empty();
-  if (!awaiting_) queue_ = forced_.tokens;
+  deciding_ = !forced_.after.empty() && forced_.opener >= 0 && !forced_.at_once.empty();
+  awaiting_ = !forced_.after.empty() && !deciding_;
+  if (!awaiting_ && !deciding_) queue_ = forced_.tokens;
 }
 
 int32_t ForcedContinuation::choose(int32_t sampled) {
   if (next_ < queue_.size()) return queue_[next_++];
+  if (deciding_) {
+    deciding_ = false;
+    awaiting_ = sampled == forced_.opener;
+    if (!awaiting_) {  // no opener: `at_once` in its place
+      queue_ = forced_.at_once;
+      return queue_[next_++];
+    }
+  }
   if (!awaiting_) return sampled;
   if (std::find(stop_ids_.begin(), stop_ids_.end(), sampled) != stop_ids_.end()) {
     // the generation would end before `after`: it gets `after`, then the forced tokens

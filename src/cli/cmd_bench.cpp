@@ -106,6 +106,9 @@ Status run_bench(const BenchOptions& o) {
   backend->synchronize();
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const ModelInfo& info = model->info();
+  if (o.context > 0 && info.max_position_embeddings > 0 && o.context > info.max_position_embeddings)
+    return make_error("bench --ctx {} exceeds the model's {} positions (max_position_embeddings)", o.context,
+                      info.max_position_embeddings);
 
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> token(1, int32_t(std::min<int64_t>(info.vocab_size, 1 << 30)) - 1);

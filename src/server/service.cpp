@@ -248,24 +248,20 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
     // where a continued answer stands (inside a call, the reasoning or text) is not known here
     if (request.prompt.continues_answer)
       return bad_request("a required tool call cannot continue a prefilled assistant message", "tool_choice");
-    // after the reasoning the prompt opened or the model opens at its first token (the opener:
-    // the reasoning marker's first token), or at once
+    // after the reasoning the prompt opened, or the one the model opens with its first token (the
+    // opener: the reasoning marker's first token); at once without reasoning markup
     const bool reasons = !format.think_open.empty() && !format.think_close.empty();
-    auto after = model_.tokenizer->encode(reasons ? format.think_close : "", false);
-    auto forced = model_.tokenizer->encode((reasons ? format.answer_separator() : "") + opening, false);
-    auto at_once = model_.tokenizer->encode(opening, false);
-    auto opener = model_.tokenizer->encode(reasons ? format.think_open : "", false);
-    if (!after.ok() || !forced.ok() || !at_once.ok() || !opener.ok())
+    auto encode = [&](const std::string& text) { return model_.tokenizer->encode(text, false); };
+    auto after = encode(reasons ? format.think_close : "");
+    auto tokens = encode((reasons ? format.answer_separator() : "") + opening);
+    auto at_once = encode(opening);
+    auto opener = encode(reasons && !format.starts_in_reasoning ? format.think_open : "");
+    if (!after.ok() || !tokens.ok() || !at_once.ok() || !opener.ok())
       return bad_request("the tool-call opening does not encode", "tool_choice");
-    if (!reasons)
-      params.forced = ForcedTokens{.tokens = std::move(at_once).value()};
-    else if (format.starts_in_reasoning)
-      params.forced = ForcedTokens{.after = std::move(after).value(), .tokens = std::move(forced).value()};
-    else
-      params.forced = ForcedTokens{.after = std::move(after).value(),
-                                   .tokens = std::move(forced).value(),
-                                   .opener = opener->empty() ? -1 : opener->front(),
-                                   .at_once = std::move(at_once).value()};
+    params.forced = ForcedTokens{.after = std::move(after).value(),
+                                 .tokens = std::move(tokens).value(),
+                                 .opener = opener->empty() ? -1 : opener->front(),
+                                 .at_once = std::move(at_once).value()};
   }
   auto generation = model_.scheduler->submit(std::move(params));
   if (!generation.ok()) return ApiError{.status = 503, .type = "server_error", .message = generation.error().message};

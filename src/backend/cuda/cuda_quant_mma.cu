@@ -220,30 +220,29 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
           }
       }
       // Every high-byte MMA goes out before any low-byte one (which needs its shifted result), so
-      // that several are in flight; the two loops repeat the codes' split, which the compiler shares.
+      // that several are in flight; the two sweeps repeat the codes' split, which the compiler shares.
       int d[kAtOnce][MT][2][4];
+      auto each_product = [&](auto&& product) {
 #pragma unroll
-      for (int ii = 0; ii < kAtOnce; ++ii)
+        for (int ii = 0; ii < kAtOnce; ++ii)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+          for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int ng = 0; ng < 2; ++ng) {
-            const uint32_t w = f.words[i0 + ii][ng];
-            const uint32_t a_hi[4] = {r[ii][mt][0].x, r[ii][mt][1].x, r[ii][mt][0].y, r[ii][mt][1].y};
-            mma_hi(d[ii][mt][ng], a_hi, w & 0x0f0f0f0fu, (w >> 4) & 0x0f0f0f0fu);
-          }
+            for (int ng = 0; ng < 2; ++ng) {
+              const uint32_t w = f.words[i0 + ii][ng];
+              product(d[ii][mt][ng], r[ii][mt], w & 0x0f0f0f0fu, (w >> 4) & 0x0f0f0f0fu);
+            }
+      };
+      each_product([&](int(&acc)[4], const uint4(&a)[2], uint32_t lo_nibbles, uint32_t hi_nibbles) {
+        const uint32_t a_hi[4] = {a[0].x, a[1].x, a[0].y, a[1].y};
+        mma_hi(acc, a_hi, lo_nibbles, hi_nibbles);
+      });
+      each_product([&](int(&acc)[4], const uint4(&a)[2], uint32_t lo_nibbles, uint32_t hi_nibbles) {
+        const uint32_t a_lo[4] = {a[0].z, a[1].z, a[0].w, a[1].w};
 #pragma unroll
-      for (int ii = 0; ii < kAtOnce; ++ii)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int ng = 0; ng < 2; ++ng) {
-            const uint32_t w = f.words[i0 + ii][ng];
-            const uint32_t a_lo[4] = {r[ii][mt][0].z, r[ii][mt][1].z, r[ii][mt][0].w, r[ii][mt][1].w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) d[ii][mt][ng][e] <<= 8;
-            mma_lo(d[ii][mt][ng], a_lo, w & 0x0f0f0f0fu, (w >> 4) & 0x0f0f0f0fu);
-          }
+        for (int e = 0; e < 4; ++e) acc[e] <<= 8;
+        mma_lo(acc, a_lo, lo_nibbles, hi_nibbles);
+      });
 #pragma unroll
       for (int ii = 0; ii < kAtOnce; ++ii) {
         const int i = i0 + ii;

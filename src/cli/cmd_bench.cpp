@@ -62,12 +62,12 @@ struct RunResult {
 };
 
 Result<RunResult> bench_once(Model& model, const std::vector<std::vector<int32_t>>& prompts, int64_t gen,
-                             int64_t context) {
+                             int64_t context) {  // each sequence's cache capacity
   Backend& backend = model.backend();
   std::vector<std::unique_ptr<SequenceState>> seqs;
   std::vector<SeqChunk> chunks;
   for (const auto& p : prompts) {
-    KILN_ASSIGN(auto s, model.new_sequence(context > 0 ? context : int64_t(p.size()) + gen + 1));
+    KILN_ASSIGN(auto s, model.new_sequence(context));
     seqs.push_back(std::move(s));
     chunks.push_back({seqs.back().get(), p});
   }
@@ -95,7 +95,8 @@ Result<RunResult> bench_once(Model& model, const std::vector<std::vector<int32_t
 
 Status run_bench(const BenchOptions& o) {
   if (o.prompt_len <= 0 || o.gen < 2 || o.batch <= 0) return make_error("bench needs --prompt-len > 0, --gen >= 2");
-  if (o.context > 0 && o.context < o.prompt_len + o.gen + 1)
+  const int64_t context = o.context > 0 ? o.context : o.prompt_len + o.gen + 1;
+  if (context < o.prompt_len + o.gen + 1)
     return make_error("bench --ctx {} is less than the prompt and the tokens generated ({} + {} + 1)", o.context,
                       o.prompt_len, o.gen);
   KILN_ASSIGN(auto backend, make_backend(o.run));
@@ -106,7 +107,7 @@ Status run_bench(const BenchOptions& o) {
   backend->synchronize();
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const ModelInfo& info = model->info();
-  if (o.context > 0 && info.max_position_embeddings > 0 && o.context > info.max_position_embeddings)
+  if (o.context > 0 && info.max_position_embeddings > 0 && context > info.max_position_embeddings)
     return make_error("bench --ctx {} exceeds the model's {} positions (max_position_embeddings)", o.context,
                       info.max_position_embeddings);
 
@@ -121,7 +122,7 @@ Status run_bench(const BenchOptions& o) {
   backend->reset_peak_memory();
   std::vector<double> prefill, decode;
   for (int run = 0; run <= o.runs; ++run) {  // run 0 warms up
-    KILN_ASSIGN(RunResult r, bench_once(*model, prompts, o.gen, o.context));
+    KILN_ASSIGN(RunResult r, bench_once(*model, prompts, o.gen, context));
     if (run == 0) continue;
     prefill.push_back(r.prefill_ms);
     decode.push_back(r.decode_ms);
@@ -169,7 +170,7 @@ Status run_bench(const BenchOptions& o) {
   j["prompt_len"] = o.prompt_len;
   j["gen"] = o.gen;
   j["batch"] = o.batch;
-  j["context"] = o.context > 0 ? o.context : o.prompt_len + o.gen + 1;
+  j["context"] = context;
   j["runs"] = o.runs;
   j["load_s"] = load_s;
   j["prefill_ms"] = prefill_ms;

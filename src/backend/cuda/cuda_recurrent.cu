@@ -232,19 +232,24 @@ __device__ __forceinline__ float sum_over_rows(float v) {
   return v;
 }
 
-// One warp per (slice of kSliceCols columns, value head, sequence) in grid order; dk ≤ kRowGroups · kRows,
-// dv a multiple of 4, state 16-byte aligned. Each warp redoes its head's q/k normalisation, beta
-// and g: 2·dk values, cheaper than sharing them across blocks.
+// One warp per (slice of kSliceCols columns, value head, sequence), up to kDecodeSlices slices a
+// block, in grid order; dk ≤ kRowGroups · kRows, dv a multiple of 4, state 16-byte aligned. Each warp redoes
+// its head's q/k normalisation, beta and g: 2·dk values, cheaper than sharing them across blocks.
 //
 // The state and the head's constants are requested before the inputs are ready: only this rule
 // writes the state, never the op just before it (GatedDeltaArgs).
+constexpr int kDecodeSlices = 4;  // a block of 4 warps: at 32 sequences 60.7 → 55.4 µs a call on an H200
+
 template <int kRows>
-__global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
+__global__ void __launch_bounds__(32 * kDecodeSlices) delta_decode_kernel(DeltaParams p) {
   const StateSeq& seq = p.seqs.seq[blockIdx.z];
   const int h = blockIdx.y, kh = h / (p.hv / p.hk);
   const int dk = p.dk, dv = p.dv;
-  const int rg = threadIdx.x / kSliceGroups;
-  const int j0 = blockIdx.x * kSliceCols + (threadIdx.x % kSliceGroups) * 4;  // first of the lane's 4 columns
+  const int lane = threadIdx.x % 32, slice = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int n_slices = (dv + kSliceCols - 1) / kSliceCols;
+  if (slice >= n_slices) return;
+  const int rg = lane / kSliceGroups;
+  const int j0 = slice * kSliceCols + (lane % kSliceGroups) * 4;  // first of the lane's 4 columns
   const bool has_cols = j0 < dv;  // dv % 4 == 0: the lane's columns are all in or all out
   float* state = static_cast<float*>(seq.state) + int64_t(h) * dk * dv + j0;
   float4 s[kRows];  // lanes without columns, and rows past dk, hold zeros and take part in the sums
@@ -316,10 +321,9 @@ __global__ void __launch_bounds__(32) delta_decode_kernel(DeltaParams p) {
   // The head's output norm, by the last of its slices: by then every slice has stored its columns.
   unsigned* count = p.done + int64_t(blockIdx.z) * p.hv + h;
   __syncwarp();  // the slice's columns are stored before lane 0 releases them
-  const bool last = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? arrive_acq_rel(count) == gridDim.x - 1 : false, 0);
+  const bool last = __shfl_sync(0xffffffffu, lane == 0 ? arrive_acq_rel(count) == unsigned(n_slices) - 1 : false, 0);
   if (!last) return;
   __syncwarp();  // the lanes read the other slices' columns after lane 0 acquired them
-  const int lane = threadIdx.x;
   for (int64_t t = 0; t < seq.n_rows; ++t) {
     const int64_t row = seq.row_begin + t;
     bf16* o = p.out + row * p.out_stride + int64_t(h) * dv;
@@ -711,7 +715,8 @@ void gated_delta(const GatedDeltaArgs& args, unsigned* done, cudaStream_t stream
       // slices in x: a head's slices are neighbours in launch order, so its state (64 KB on Qwen
       // 3.5 4B) is read at once; with sequences in x, 32 of them read 32 bytes of each 512-byte row
       // in each of seven waves, and the rule took 1.6x as long
-      const dim3 slices(unsigned(ceil_div(p.dv, kSliceCols)), unsigned(p.hv), unsigned(p.seqs.n));
+      const int n_slices = ceil_div(p.dv, kSliceCols), block_slices = std::min(kDecodeSlices, n_slices);
+      const dim3 slices(unsigned(ceil_div(n_slices, block_slices)), unsigned(p.hv), unsigned(p.seqs.n));
       DeltaParams fused = p;
       if (fuse_norm) {
         fused.norm_z = args.norm_z.data_as<bf16>();
@@ -720,7 +725,7 @@ void gated_delta(const GatedDeltaArgs& args, unsigned* done, cudaStream_t stream
         fused.norm_eps = args.norm_eps;
         fused.done = done;
       }
-      launch(decode_kernel, slices, 32, 0, stream, fused);
+      launch(decode_kernel, slices, 32 * block_slices, 0, stream, fused);
     } else {
       const size_t bytes = (2 * size_t(p.dk) + 2 + size_t(splits) * p.dv) * sizeof(float);
       launch(delta_recurrent_kernel, grid, p.dv * splits, bytes, stream, p, splits);

@@ -192,6 +192,28 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
                : "r"(smem_addr(p)));
 }
 
+// d += a · b on the tensor cores (mma.sync m16n8k8, tf32): a 16×8 row-major, b 8×8 column-major,
+// d 16×8 f32; a register holds an f32 of which the tensor cores read the top 19 bits (a bf16 value
+// as f32 is exact). Fragments in the PTX ISA's per-lane layout: a0 (g, t), a1 (g + 8, t), a2 (g,
+// t + 4), a3 (g + 8, t + 4); b0 (t, g), b1 (t + 4, g); d as for m16n8k16 (g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+// x as a pair of tf32 values, hi + lo equal to x within ~2^-22 of it: two tf32 products against an
+// exact tf32 operand keep (nearly) f32's precision.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+#endif
+}
+
 // d += a · b on the tensor cores (mma.sync m16n8k16): a 16×16 bf16 row-major, b 16×8 bf16
 // column-major, d 16×8 f32; fragments in the PTX ISA's per-lane layout.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -130,6 +130,7 @@ struct DeltaParams {
   const float* norm_weight;
   float norm_eps;
   unsigned* done;
+  bool qk_copies;  // q and k rows copied to shared memory 16 bytes at a time (aligned: dk, stride, base)
   StateTable seqs;
 };
 
@@ -347,8 +348,8 @@ constexpr int kLdA = kChunk + 1;  // odd row stride: the solve reads a column of
 
 // The chunk's shared memory: raw q and k rows (bf16, dk padded to the mma's 16 with zeros, plus 8
 // so that fragment loads of 8 rows fall in distinct banks), the block's state columns, its
-// values / solved values X, the solve's system A, the intra-chunk attention QK, and per token the
-// log-decay cumsum, beta, the norms' scales and the state update's weight.
+// values / solved values X, e^γ q·S, the solve's system A, the intra-chunk attention QK, and per
+// token the log-decay cumsum, beta, the norms' scales and the state update's weight.
 struct ChunkSmem {
   int dk, cols;
   __host__ __device__ int dk_pad() const { return (dk + 15) / 16 * 16; }
@@ -357,7 +358,8 @@ struct ChunkSmem {
   __host__ __device__ size_t k() const { return q() + size_t(kChunk) * ldk() * 2; }
   __host__ __device__ size_t state() const { return k() + size_t(kChunk) * ldk() * 2; }   // f32 [dk_pad, cols]
   __host__ __device__ size_t x() const { return state() + size_t(dk_pad()) * cols * 4; }  // f32 [kChunk, cols]
-  __host__ __device__ size_t a() const { return x() + size_t(kChunk) * cols * 4; }        // f32 [kChunk, kLdA]
+  __host__ __device__ size_t qs() const { return x() + size_t(kChunk) * cols * 4; }       // f32 [kChunk, cols]
+  __host__ __device__ size_t a() const { return qs() + size_t(kChunk) * cols * 4; }       // f32 [kChunk, kLdA]
   __host__ __device__ size_t qk() const { return a() + size_t(kChunk) * kLdA * 4; }       // f32 [kChunk, kLdA]
   __host__ __device__ size_t token() const { return qk() + size_t(kChunk) * kLdA * 4; }   // f32 [5, kChunk]
   __host__ __device__ size_t bytes() const { return token() + size_t(5) * kChunk * 4; }
@@ -365,6 +367,9 @@ struct ChunkSmem {
 
 __device__ __forceinline__ uint32_t bf16_pair(const bf16* p) {
   return *reinterpret_cast<const uint32_t*>(p);
+}
+__device__ __forceinline__ uint32_t tf32_of(bf16 v) {
+  return __float_as_uint(__bfloat162float(v));
 }
 
 // The chunked form, one block per (sequence, value head, slice of kCols value columns), chunks in
@@ -377,7 +382,9 @@ __device__ __forceinline__ uint32_t bf16_pair(const bf16* p) {
 //   S  <- e^(γ_last) S + Σ_t k_t e^(γ_last − γ_t) x_tᵀ
 // K Kᵀ and Q Kᵀ run on the tensor cores over the raw bf16 q and k: the products are exact and
 // the sums f32, and the l2 norms are applied to the results as per-row and per-column scales.
-// Everything that touches the state or the solve is f32 on the CUDA cores.
+// K S, Q S and the state's update Kᵀ (w ∘ X) run on the tensor cores in tf32, the raw q and k exact
+// and the f32 operand as a pair of tf32 values (hi + lo), so they keep nearly f32's precision; the
+// solve and the outputs' sums are f32 on the CUDA cores.
 template <int kCols>
 __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaParams p) {
   static_assert(kCols == 8 || kCols == 16 || kCols == 32, "thread layouts assume kCols divides 256 by 8 to 32");
@@ -394,6 +401,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
   bf16* k_raw = reinterpret_cast<bf16*>(smem + L.k());
   float* S = reinterpret_cast<float*>(smem + L.state());
   float* X = reinterpret_cast<float*>(smem + L.x());
+  float* QS = reinterpret_cast<float*>(smem + L.qs());
   float* A = reinterpret_cast<float*>(smem + L.a());
   float* QK = reinterpret_cast<float*>(smem + L.qk());
   float* cum = reinterpret_cast<float*>(smem + L.token());
@@ -405,7 +413,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
   const StateSeq& seq = p.seqs.seq[blockIdx.x];
   const int h = blockIdx.y, kh = h / (p.hv / p.hk);
   const int j0 = blockIdx.z * kCols, n_cols = min(kCols, dv - j0);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tq = lane % 4;
   const int col = tid % kCols, row_group = tid / kCols;  // the thread's column in the per-column phases
   float* state = static_cast<float*>(seq.state) + int64_t(h) * dk * dv + j0;
   const float neg_a = -expf(p.a_log[h]), dt_bias = p.dt_bias[h];
@@ -423,29 +431,45 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
   for (int64_t c0 = 0; c0 < seq.n_rows; c0 += kChunk) {
     const int c = int(seq.n_rows - c0 < kChunk ? seq.n_rows - c0 : kChunk);
     __syncthreads();  // the previous chunk is done with q, k, X
-    // 1. raw q and k, their norms, the block's values, beta and the log-decay (a warp per token)
+    // 1. the chunk's raw q and k rows in one trip (16-byte copies that hold no registers) while the
+    // block's values, beta and the log-decay load; then their norms, a warp per token
+    const int64_t row0 = seq.row_begin + c0;
+    const int pieces = dk / 8;  // 16-byte pieces of a q or k row
+    if (p.qk_copies) {
+      for (int idx = tid; idx < c * 2 * pieces; idx += kChunkThreads) {
+        const int t = idx / (2 * pieces), which = idx % (2 * pieces) / pieces, piece = idx % pieces;
+        const bf16* src = p.qkv + (row0 + t) * p.qkv_stride + which * p.hk * dk + kh * dk + piece * 8;
+        cp_async16((which ? k_raw : q_raw) + t * ldk + piece * 8, src, true);
+      }
+      cp_async_commit();
+    } else {
+      for (int idx = tid; idx < c * 2 * dk; idx += kChunkThreads) {
+        const int t = idx / (2 * dk), which = idx % (2 * dk) / dk, d = idx % dk;
+        (which ? k_raw : q_raw)[t * ldk + d] = p.qkv[(row0 + t) * p.qkv_stride + which * p.hk * dk + kh * dk + d];
+      }
+    }
+    for (int idx = tid; idx < c * kCols; idx += kChunkThreads) {
+      const int t = idx / kCols, j = idx % kCols;
+      if (j < n_cols) X[t * kCols + j] = to_float(p.qkv[(row0 + t) * p.qkv_stride + 2 * p.hk * dk + h * dv + j0 + j]);
+    }
+    if (tid < c) {
+      beta[tid] = sigmoid(to_float(p.b[(row0 + tid) * p.ab_stride + h]));
+      cum[tid] = neg_a * softplus(to_float(p.a[(row0 + tid) * p.ab_stride + h]) + dt_bias);
+    }
+    if (p.qk_copies) cp_async_wait_all();
+    __syncthreads();
     for (int t = warp; t < c; t += kWarps) {
-      const int64_t row = seq.row_begin + c0 + t;
-      const bf16* r = p.qkv + row * p.qkv_stride;
-      // the token's loads issued together: one trip to memory per token rather than three
-      const float v = lane < n_cols ? to_float(r[2 * p.hk * dk + h * dv + j0 + lane]) : 0.0f;  // kCols ≤ 32
-      const float b_in = to_float(p.b[row * p.ab_stride + h]), a_in = to_float(p.a[row * p.ab_stride + h]);
       float qn = 0, kn = 0;
       for (int d = lane; d < dk; d += 32) {
-        const bf16 qv = r[kh * dk + d], kv = r[p.hk * dk + kh * dk + d];
-        q_raw[t * ldk + d] = qv;
-        k_raw[t * ldk + d] = kv;
-        qn += to_float(qv) * to_float(qv);
-        kn += to_float(kv) * to_float(kv);
+        const float qv = to_float(q_raw[t * ldk + d]), kv = to_float(k_raw[t * ldk + d]);
+        qn += qv * qv;
+        kn += kv * kv;
       }
       qn = warp_sum(qn);
       kn = warp_sum(kn);
-      if (lane < n_cols) X[t * kCols + lane] = v;
       if (lane == 0) {
         q_scale[t] = rsqrtf(qn + 1e-6f) * rsqrtf(float(dk));
         k_scale[t] = rsqrtf(kn + 1e-6f);
-        beta[t] = sigmoid(b_in);
-        cum[t] = neg_a * softplus(a_in + dt_bias);
       }
     }
     __syncthreads();
@@ -468,7 +492,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
     // 3a. A and QK: warp → 16 rows (m_tile) by 32 columns (4 tiles of 8), tiles right of the
     // diagonal skipped; fragments as in the PTX ISA's m16n8k16 layout (g = lane / 4, t = lane % 4)
     {
-      const int m_tile = warp / 2, n_first = (warp % 2) * 4, g = lane / 4, tq = lane % 4;
+      const int m_tile = warp / 2, n_first = (warp % 2) * 4;
       float acc_k[4][4] = {}, acc_q[4][4] = {};
       const int r0 = m_tile * 16 + g;
       for (int d0 = 0; d0 < dk_pad; d0 += 16) {
@@ -501,30 +525,34 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
         }
       }
     }
-    // 3b. the right-hand side β (v − e^γ k·S) into X, and e^γ q·S into registers (both on the old S)
-    float q_state[kRowsPerThread];
+    // 3b. K S and Q S on the tensor cores, a warp per 16 × 8 tile (the old S), then the right-hand
+    // side β (v − e^γ k·S) into X and e^γ q·S into QS
     {
-      float k_state[kRowsPerThread] = {};
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) q_state[r] = 0.0f;
-      for (int a = 0; a < dk_pad; a += 2) {
-        const float s0 = S[a * kCols + col], s1 = S[(a + 1) * kCols + col];
-#pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r) {
-          const int i = row_group + r * kRowGroups;
-          const float2 kv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k_raw + i * ldk + a));
-          const float2 qv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_raw + i * ldk + a));
-          k_state[r] += kv.x * s0 + kv.y * s1;
-          q_state[r] += qv.x * s0 + qv.y * s1;
+      constexpr int kNTiles = kCols / 8;
+      for (int tile = warp; tile < (kChunk / 16) * kNTiles; tile += kWarps) {
+        const int i0 = tile / kNTiles * 16, n0 = tile % kNTiles * 8;
+        float acc_k[4] = {}, acc_q[4] = {};
+        for (int d0 = 0; d0 < dk_pad; d0 += 8) {
+          const bf16* kr = k_raw + (i0 + g) * ldk + d0 + tq;
+          const bf16* qr = q_raw + (i0 + g) * ldk + d0 + tq;
+          const uint32_t fk[4] = {tf32_of(kr[0]), tf32_of(kr[8 * ldk]), tf32_of(kr[4]), tf32_of(kr[8 * ldk + 4])};
+          const uint32_t fq[4] = {tf32_of(qr[0]), tf32_of(qr[8 * ldk]), tf32_of(qr[4]), tf32_of(qr[8 * ldk + 4])};
+          uint32_t hi0, lo0, hi1, lo1;
+          split_tf32(S[(d0 + tq) * kCols + n0 + g], hi0, lo0);
+          split_tf32(S[(d0 + tq + 4) * kCols + n0 + g], hi1, lo1);
+          mma_tf32(acc_k, fk, hi0, hi1);
+          mma_tf32(acc_k, fk, lo0, lo1);
+          mma_tf32(acc_q, fq, hi0, hi1);
+          mma_tf32(acc_q, fq, lo0, lo1);
         }
-      }
 #pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const int i = row_group + r * kRowGroups;
-        if (i >= c || col >= n_cols) continue;
-        const float e = expf(cum[i]);
-        q_state[r] *= e * q_scale[i];
-        X[i * kCols + col] = beta[i] * (X[i * kCols + col] - e * k_scale[i] * k_state[r]);
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + g + e / 2 * 8, j = n0 + 2 * tq + e % 2;
+          if (i >= c || j >= n_cols) continue;
+          const float ex = expf(cum[i]);
+          QS[i * kCols + j] = ex * q_scale[i] * acc_q[e];
+          X[i * kCols + j] = beta[i] * (X[i * kCols + j] - ex * k_scale[i] * acc_k[e]);
+        }
       }
     }
     __syncthreads();
@@ -560,31 +588,39 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
     for (int r = 0; r < kRowsPerThread; ++r) {
       const int i = row_group + r * kRowGroups;
       if (i >= c || col >= n_cols) continue;
-      float o = q_state[r];
+      float o = QS[i * kCols + col];
       for (int t = 0; t <= i; ++t) o += QK[i * kLdA + t] * X[t * kCols + col];
       p.out[(seq.row_begin + c0 + i) * p.out_stride + h * dv + j0 + col] = __float2bfloat16(o);
     }
-    // 6. the state: S = e^γ_last S + Σ_t k_t e^(γ_last − γ_t) x_tᵀ, eight rows per thread at a time
-    const float chunk_decay = expf(cum[c - 1]);
-    for (int a0 = row_group; a0 < dk; a0 += 8 * kRowGroups) {
-      float acc[8];
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const int a = a0 + r * kRowGroups;
-        acc[r] = a < dk ? S[a * kCols + col] * chunk_decay : 0.0f;
-      }
-      for (int t = 0; t < c; ++t) {
-        const float xw = X[t * kCols + col] * w[t];
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const int a = a0 + r * kRowGroups;
-          if (a < dk) acc[r] += to_float(k_raw[t * ldk + a]) * xw;
+    // 6. the state on the tensor cores, a warp per 16 × 8 tile: S = e^γ_last S + Kᵀ (w ∘ X), where
+    // w_t = k_scale e^(γ_last − γ_t); tokens past the chunk's end are zeros on both sides. Each warp
+    // reads and writes its own tiles of S only, which no other thread reads until the next chunk.
+    {
+      constexpr int kNTiles = kCols / 8;
+      const float chunk_decay = expf(cum[c - 1]);
+      for (int tile = warp; tile < dk_pad / 16 * kNTiles; tile += kWarps) {
+        const int a0 = tile / kNTiles * 16, n0 = tile % kNTiles * 8;
+        float* s_lo = S + (a0 + g) * kCols + n0 + 2 * tq;
+        float* s_hi = s_lo + 8 * kCols;
+        float acc[4] = {s_lo[0] * chunk_decay, s_lo[1] * chunk_decay, s_hi[0] * chunk_decay, s_hi[1] * chunk_decay};
+        const bool col_in = n0 + g < n_cols;
+        for (int t0 = 0; t0 < c; t0 += 8) {
+          const int t_a = t0 + tq, t_b = t0 + tq + 4;
+          const bool in_a = t_a < c, in_b = t_b < c;
+          const uint32_t fa[4] = {in_a ? tf32_of(k_raw[t_a * ldk + a0 + g]) : 0u,
+                                  in_a ? tf32_of(k_raw[t_a * ldk + a0 + g + 8]) : 0u,
+                                  in_b ? tf32_of(k_raw[t_b * ldk + a0 + g]) : 0u,
+                                  in_b ? tf32_of(k_raw[t_b * ldk + a0 + g + 8]) : 0u};
+          uint32_t hi0, lo0, hi1, lo1;
+          split_tf32(in_a && col_in ? w[t_a] * X[t_a * kCols + n0 + g] : 0.0f, hi0, lo0);
+          split_tf32(in_b && col_in ? w[t_b] * X[t_b * kCols + n0 + g] : 0.0f, hi1, lo1);
+          mma_tf32(acc, fa, hi0, hi1);
+          mma_tf32(acc, fa, lo0, lo1);
         }
-      }
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const int a = a0 + r * kRowGroups;
-        if (a < dk) S[a * kCols + col] = acc[r];
+        s_lo[0] = acc[0];
+        s_lo[1] = acc[1];
+        s_hi[0] = acc[2];
+        s_hi[1] = acc[3];
       }
     }
   }
@@ -649,6 +685,7 @@ void gated_delta(const GatedDeltaArgs& args, unsigned* done, cudaStream_t stream
   p.hv = args.n_v_heads;
   p.dk = args.k_dim;
   p.dv = args.v_dim;
+  p.qk_copies = p.dk % 8 == 0 && p.qkv_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.qkv) % 16 == 0;
   const int max_smem = int(max_shared_memory()), n_sms = multiprocessors();
   // chunked: the column slice widths, fewest columns (most blocks) first, and how many blocks of
   // each the GPU holds at once

@@ -167,6 +167,7 @@ TEST_F(GpuRecurrent, GatedDeltaChunked) {
       {16, 32, 128, 128, {70, 64, 130}, 2, chunked},         // sequences of several lengths in one call
       {16, 48, 128, 128, {200}, 1, chunked},                 // Qwen 3.5 27B: three value heads per key head
       {1, 3, 200, 36, {100, 1}, 2, chunked},                 // k_dim padded to 16, a part-filled slice, one token
+      {2, 4, 36, 20, {100, 3}, 2, chunked},                  // q and k rows not in 16-byte pieces: copied by element
       {16, 32, 128, 128, {70, 1}, 1, chunked, false, true},  // with the output norm
   };
   for (const DeltaCase& c : cases) delta_case(c);

@@ -458,16 +458,36 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
     }
     if (p.qk_copies) cp_async_wait_all();
     __syncthreads();
-    for (int t = warp; t < c; t += kWarps) {
+    {  // four threads a token (a warp per token took 6.3 of the chunk's 38 thousand cycles), each a
+       // quarter of the row, in 16-byte pieces where dk allows
+      static_assert(kChunkThreads == 4 * kChunk, "four threads a token");
+      const int t = tid / 4, part = tid % 4;
       float qn = 0, kn = 0;
-      for (int d = lane; d < dk; d += 32) {
-        const float qv = to_float(q_raw[t * ldk + d]), kv = to_float(k_raw[t * ldk + d]);
-        qn += qv * qv;
-        kn += kv * kv;
+      if (t < c && dk % 8 == 0) {
+        for (int d = part * 8; d < dk; d += 32) {
+          const uint4 qv = *reinterpret_cast<const uint4*>(q_raw + t * ldk + d);
+          const uint4 kv = *reinterpret_cast<const uint4*>(k_raw + t * ldk + d);
+          const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&qv);
+          const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kv);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 qf = __bfloat1622float2(q2[e]), kf = __bfloat1622float2(k2[e]);
+            qn += qf.x * qf.x + qf.y * qf.y;
+            kn += kf.x * kf.x + kf.y * kf.y;
+          }
+        }
+      } else if (t < c) {
+        for (int d = part; d < dk; d += 4) {
+          const float qv = to_float(q_raw[t * ldk + d]), kv = to_float(k_raw[t * ldk + d]);
+          qn += qv * qv;
+          kn += kv * kv;
+        }
       }
-      qn = warp_sum(qn);
-      kn = warp_sum(kn);
-      if (lane == 0) {
+      qn += __shfl_xor_sync(0xffffffffu, qn, 1);
+      kn += __shfl_xor_sync(0xffffffffu, kn, 1);
+      qn += __shfl_xor_sync(0xffffffffu, qn, 2);
+      kn += __shfl_xor_sync(0xffffffffu, kn, 2);
+      if (t < c && part == 0) {
         q_scale[t] = rsqrtf(qn + 1e-6f) * rsqrtf(float(dk));
         k_scale[t] = rsqrtf(kn + 1e-6f);
       }

@@ -362,7 +362,10 @@ struct ChunkSmem {
   __host__ __device__ size_t a() const { return qs() + size_t(kChunk) * cols * 4; }       // f32 [kChunk, kLdA]
   __host__ __device__ size_t qk() const { return a() + size_t(kChunk) * kLdA * 4; }       // f32 [kChunk, kLdA]
   __host__ __device__ size_t token() const { return qk() + size_t(kChunk) * kLdA * 4; }   // f32 [5, kChunk]
-  __host__ __device__ size_t bytes() const { return token() + size_t(5) * kChunk * 4; }
+  // the solve's inverses of A's diagonal blocks (f32 [kChunk / 16, 16, 16]) and a block's right-hand side
+  __host__ __device__ size_t inverses() const { return token() + size_t(5) * kChunk * 4; }
+  __host__ __device__ size_t rhs() const { return inverses() + size_t(kChunk) * 16 * 4; }  // f32 [16, cols]
+  __host__ __device__ size_t bytes() const { return rhs() + size_t(16) * cols * 4; }
 };
 
 __device__ __forceinline__ uint32_t bf16_pair(const bf16* p) {
@@ -382,16 +385,13 @@ __device__ __forceinline__ uint32_t tf32_of(bf16 v) {
 //   S  <- e^(γ_last) S + Σ_t k_t e^(γ_last − γ_t) x_tᵀ
 // K Kᵀ and Q Kᵀ run on the tensor cores over the raw bf16 q and k: the products are exact and
 // the sums f32, and the l2 norms are applied to the results as per-row and per-column scales.
-// K S, Q S and the state's update Kᵀ (w ∘ X) run on the tensor cores in tf32, the raw q and k exact
-// and the f32 operand as a pair of tf32 values (hi + lo), so they keep nearly f32's precision; the
-// solve and the outputs' sums are f32 on the CUDA cores.
+// K S, Q S, the state's update Kᵀ (w ∘ X) and QK X run on the tensor cores in tf32, the raw q and k
+// exact and each f32 operand as a pair of tf32 values (hi + lo), so they keep nearly f32's
+// precision; the solve, by blocks of 16 rows, is f32 on the CUDA cores.
 template <int kCols>
 __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaParams p) {
-  static_assert(kCols == 8 || kCols == 16 || kCols == 32, "thread layouts assume kCols divides 256 by 8 to 32");
+  static_assert(kCols == 8 || kCols == 16 || kCols == 32, "tiles of 8 columns; a block's 16 rows within two passes");
   constexpr int kWarps = kChunkThreads / 32;
-  constexpr int kRowGroups = kChunkThreads / kCols;  // rows a pass of the block covers
-  constexpr int kRowsPerThread = kChunk / kRowGroups;
-  constexpr int kColsPerWarp = kCols / kWarps;  // in the solve
   wait_for_inputs();
   extern __shared__ __align__(16) unsigned char smem[];
   const int dk = p.dk, dv = p.dv;
@@ -409,12 +409,13 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
   float* q_scale = beta + kChunk;
   float* k_scale = q_scale + kChunk;
   float* w = k_scale + kChunk;  // k's weight in the state update: k_scale e^(γ_last − γ_t)
+  float* inverses = reinterpret_cast<float*>(smem + L.inverses());
+  float* rhs = reinterpret_cast<float*>(smem + L.rhs());
 
   const StateSeq& seq = p.seqs.seq[blockIdx.x];
   const int h = blockIdx.y, kh = h / (p.hv / p.hk);
   const int j0 = blockIdx.z * kCols, n_cols = min(kCols, dv - j0);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tq = lane % 4;
-  const int col = tid % kCols, row_group = tid / kCols;  // the thread's column in the per-column phases
   float* state = static_cast<float*>(seq.state) + int64_t(h) * dk * dv + j0;
   const float neg_a = -expf(p.a_log[h]), dt_bias = p.dt_bias[h];
 
@@ -436,10 +437,15 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
     const int64_t row0 = seq.row_begin + c0;
     const int pieces = dk / 8;  // 16-byte pieces of a q or k row
     if (p.qk_copies) {
-      for (int idx = tid; idx < c * 2 * pieces; idx += kChunkThreads) {
-        const int t = idx / (2 * pieces), which = idx % (2 * pieces) / pieces, piece = idx % pieces;
+      // (token, piece) stepped by the block's threads without a division a copy
+      const int per_token = 2 * pieces, step_t = kChunkThreads / per_token, step_rest = kChunkThreads % per_token;
+      for (int t = tid / per_token, rest = tid % per_token; t < c;) {
+        const int which = rest >= pieces ? 1 : 0, piece = rest - which * pieces;
         const bf16* src = p.qkv + (row0 + t) * p.qkv_stride + which * p.hk * dk + kh * dk + piece * 8;
         cp_async16((which ? k_raw : q_raw) + t * ldk + piece * 8, src, true);
+        t += step_t;
+        rest += step_rest;
+        if (rest >= per_token) rest -= per_token, ++t;
       }
       cp_async_commit();
     } else {
@@ -448,9 +454,21 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
         (which ? k_raw : q_raw)[t * ldk + d] = p.qkv[(row0 + t) * p.qkv_stride + which * p.hk * dk + kh * dk + d];
       }
     }
-    for (int idx = tid; idx < c * kCols; idx += kChunkThreads) {
-      const int t = idx / kCols, j = idx % kCols;
-      if (j < n_cols) X[t * kCols + j] = to_float(p.qkv[(row0 + t) * p.qkv_stride + 2 * p.hk * dk + h * dv + j0 + j]);
+    {  // the values: every load issued before any store (stores to shared memory between loads
+       // would keep the loads apart, a trip to memory each)
+      constexpr int kValues = kChunk * kCols / kChunkThreads;
+      float values[kValues];
+#pragma unroll
+      for (int e = 0; e < kValues; ++e) {
+        const int t = (tid + e * kChunkThreads) / kCols, j = (tid + e * kChunkThreads) % kCols;
+        values[e] = t < c && j < n_cols ? to_float(p.qkv[(row0 + t) * p.qkv_stride + 2 * p.hk * dk + h * dv + j0 + j])
+                                        : 0.0f;
+      }
+#pragma unroll
+      for (int e = 0; e < kValues; ++e) {
+        const int t = (tid + e * kChunkThreads) / kCols, j = (tid + e * kChunkThreads) % kCols;
+        if (t < c && j < n_cols) X[t * kCols + j] = values[e];
+      }
     }
     if (tid < c) {
       beta[tid] = sigmoid(to_float(p.b[(row0 + tid) * p.ab_stride + h]));
@@ -576,41 +594,85 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
       }
     }
     __syncthreads();
-    // 4. forward substitution with I + A, column by column: a warp per column, lane l holding rows l
-    // and l + 32; row i, once final, is broadcast and taken off the rows below it
+    // 4. X = (I + A)⁻¹ X by blocks of 16 rows: first the inverses of the four diagonal blocks, in
+    // parallel (two warps a block, a lane a row and four of its columns, 15 dependent steps), then
+    // block after block X_b = inv_b (X_b − Σ_{j<b} A_bj X_j). The dependent chain is 15 broadcasts and
+    // four short sums instead of 63 broadcasts (7.9 of a chunk's 34 thousand cycles before).
     {
-      float x[kColsPerWarp][2];
+      const int b = warp / 2, r = lane % 16, first_col = (warp % 2) * 8 + (lane / 16) * 4;
+      float x[4];
 #pragma unroll
-      for (int m = 0; m < kColsPerWarp; ++m) {
-        const int j = warp + m * kWarps;
-        x[m][0] = X[lane * kCols + j];
-        x[m][1] = X[(lane + 32) * kCols + j];
-      }
-      for (int i = 0; i + 1 < c; ++i) {
-        const float a_lo = A[lane * kLdA + i], a_hi = A[(lane + 32) * kLdA + i];
+      for (int m = 0; m < 4; ++m) x[m] = r == first_col + m ? 1.0f : 0.0f;
+      const float* a_row = A + (b * 16 + r) * kLdA + b * 16;
 #pragma unroll
-        for (int m = 0; m < kColsPerWarp; ++m) {
-          const float xi = __shfl_sync(0xffffffffu, i < 32 ? x[m][0] : x[m][1], i % 32);
-          if (lane > i) x[m][0] -= a_lo * xi;
-          if (lane + 32 > i) x[m][1] -= a_hi * xi;
+      for (int i = 0; i < 15; ++i) {
+        const float a = a_row[i];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const float xi = __shfl_sync(0xffffffffu, x[m], (lane / 16) * 16 + i);
+          if (r > i) x[m] -= a * xi;
         }
       }
 #pragma unroll
-      for (int m = 0; m < kColsPerWarp; ++m) {
-        const int j = warp + m * kWarps;
-        if (lane < c) X[lane * kCols + j] = x[m][0];
-        if (lane + 32 < c) X[(lane + 32) * kCols + j] = x[m][1];
+      for (int m = 0; m < 4; ++m) inverses[(b * 16 + r) * 16 + first_col + m] = x[m];
+    }
+    {
+      constexpr int kOuts = (16 * kCols + kChunkThreads - 1) / kChunkThreads;  // a block's outputs a thread
+      for (int b0 = 0; b0 < c; b0 += 16) {
+#pragma unroll
+        for (int e = 0; e < kOuts; ++e) {
+          const int idx = tid + e * kChunkThreads, r = idx / kCols, j = idx % kCols, i = b0 + r;
+          if (idx >= 16 * kCols || i >= c) continue;
+          const float* a_row = A + i * kLdA;
+          float sum = X[i * kCols + j], sum2 = 0.0f;
+          for (int t = 0; t < b0; t += 2) {
+            sum -= a_row[t] * X[t * kCols + j];
+            sum2 -= a_row[t + 1] * X[(t + 1) * kCols + j];
+          }
+          rhs[r * kCols + j] = sum + sum2;
+        }
+        __syncthreads();  // the inverses (first block) and this block's right-hand side
+#pragma unroll
+        for (int e = 0; e < kOuts; ++e) {
+          const int idx = tid + e * kChunkThreads, r = idx / kCols, j = idx % kCols, i = b0 + r;
+          if (idx >= 16 * kCols || i >= c) continue;
+          const float* inv_row = inverses + (b0 + r) * 16;
+          float sum = 0.0f;
+          for (int k = 0; k <= r; ++k) sum += inv_row[k] * rhs[k * kCols + j];
+          X[i * kCols + j] = sum;
+        }
+        __syncthreads();  // X_b final before the next block reads it (and rhs free again)
       }
     }
-    __syncthreads();
-    // 5. outputs o_i = e^γ_i q_i S + Σ_{t≤i} QK_it x_t
+    // 5. outputs o_i = e^γ_i q_i S + Σ_{t≤i} QK_it x_t, QK X on the tensor cores with both operands
+    // as tf32 pairs (hi·hi + hi·lo + lo·hi), a warp per 16 × 8 tile; QK's upper triangle and X's rows
+    // past the chunk are zeros
+    {
+      constexpr int kNTiles = kCols / 8;
+      for (int tile = warp; tile < (kChunk / 16) * kNTiles; tile += kWarps) {
+        const int i0 = tile / kNTiles * 16, n0 = tile % kNTiles * 8;
+        float acc[4] = {};
+        for (int t0 = 0; t0 < i0 + 16 && t0 < c; t0 += 8) {
+          const int ta = t0 + tq, tb = t0 + tq + 4, ia = i0 + g, ib = i0 + g + 8;
+          uint32_t a_hi[4], a_lo[4], b_hi0, b_lo0, b_hi1, b_lo1;
+          split_tf32(ta <= ia ? QK[ia * kLdA + ta] : 0.0f, a_hi[0], a_lo[0]);
+          split_tf32(ta <= ib ? QK[ib * kLdA + ta] : 0.0f, a_hi[1], a_lo[1]);
+          split_tf32(tb <= ia ? QK[ia * kLdA + tb] : 0.0f, a_hi[2], a_lo[2]);
+          split_tf32(tb <= ib ? QK[ib * kLdA + tb] : 0.0f, a_hi[3], a_lo[3]);
+          split_tf32(ta < c ? X[ta * kCols + n0 + g] : 0.0f, b_hi0, b_lo0);
+          split_tf32(tb < c ? X[tb * kCols + n0 + g] : 0.0f, b_hi1, b_lo1);
+          mma_tf32(acc, a_hi, b_hi0, b_hi1);
+          mma_tf32(acc, a_hi, b_lo0, b_lo1);
+          mma_tf32(acc, a_lo, b_hi0, b_hi1);
+        }
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-      const int i = row_group + r * kRowGroups;
-      if (i >= c || col >= n_cols) continue;
-      float o = QS[i * kCols + col];
-      for (int t = 0; t <= i; ++t) o += QK[i * kLdA + t] * X[t * kCols + col];
-      p.out[(seq.row_begin + c0 + i) * p.out_stride + h * dv + j0 + col] = __float2bfloat16(o);
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + g + e / 2 * 8, j = n0 + 2 * tq + e % 2;
+          if (i < c && j < n_cols)
+            p.out[(seq.row_begin + c0 + i) * p.out_stride + h * dv + j0 + j] =
+                __float2bfloat16(QS[i * kCols + j] + acc[e]);
+        }
+      }
     }
     // 6. the state on the tensor cores, a warp per 16 × 8 tile: S = e^γ_last S + Kᵀ (w ∘ X), where
     // w_t = k_scale e^(γ_last − γ_t); tokens past the chunk's end are zeros on both sides. Each warp

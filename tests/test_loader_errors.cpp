@@ -115,6 +115,62 @@ TEST(LoaderErrors, ImpossibleHeaderLength) {
   EXPECT_NE(error.find("header length"), std::string::npos) << error;
 }
 
+// Rewrites the header of a safetensors file with `edit`, which may also change the data section
+// after it, as a hand-edited or hostile file would have them.
+void edit_header(const std::string& path, const std::function<void(nlohmann::json&, std::string&)>& edit) {
+  const std::string bytes = read_file(path);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  std::string data = bytes.substr(8 + n);
+  edit(header, data);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t len = text.size();
+  write_file(path, std::string(reinterpret_cast<const char*>(&len), 8) + text + data);
+}
+
+std::string open_error(const std::string& path) {
+  auto file = SafetensorsFile::open(path);
+  return file.ok() ? "" : file.error().message;
+}
+
+// As the safetensors library requires: sorted by offset, the tensors cover the data section
+// exactly, so that no two share bytes and no bytes go unaccounted for.
+TEST(LoaderErrors, TensorsMustTileTheDataSection) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("qwen3_5_dense");
+  const std::string path = dir + "/model.safetensors", saved = read_file(path);
+  const std::string moved = "model.layers.0.mlp.down_proj.weight";
+  // one tensor's range moved onto the start of another's: it would read the other's bytes
+  edit_header(path, [&](nlohmann::json& h, std::string&) {
+    const uint64_t begin = h[moved]["data_offsets"][0], end = h[moved]["data_offsets"][1];
+    ASSERT_GT(begin, 0u);
+    h[moved]["data_offsets"] = {0, end - begin};
+  });
+  auto error = open_error(path);
+  expect_one_line(error);
+  EXPECT_NE(error.find(path + ": tensor '"), std::string::npos) << error;
+  EXPECT_NE(error.find("overlaps"), std::string::npos) << error;
+  EXPECT_EQ(load_error(dir), error);
+  // a tensor dropped from the header leaves its bytes as a gap
+  write_file(path, saved);
+  edit_header(path, [&](nlohmann::json& h, std::string&) { h.erase(moved); });
+  error = open_error(path);
+  expect_one_line(error);
+  EXPECT_NE(error.find("leaves a gap after"), std::string::npos) << error;
+  // bytes past the last tensor
+  write_file(path, saved);
+  edit_header(path, [](nlohmann::json&, std::string& data) { data += std::string(24, 'x'); });
+  error = open_error(path);
+  expect_one_line(error);
+  EXPECT_NE(error.find(path + " has 24 bytes after the last tensor"), std::string::npos) << error;
+  // kiln's own writer tiles exactly, empty tensors included
+  const Tensor empty = host_tensor(DType::f32, Shape{0, 4}), four = host_tensor(DType::bf16, Shape{2, 2});
+  ASSERT_TRUE(write_safetensors(tmp.path() + "/own.safetensors", {{"a", empty}, {"b", four}, {"c", empty}}).ok());
+  EXPECT_EQ(open_error(tmp.path() + "/own.safetensors"), "");
+}
+
 TEST(LoaderErrors, ShapeDisagreesWithConfig) {
   TempDir tmp;
   const auto dir = tmp.copy_fixture("gemma4_dense");

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -139,6 +140,31 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     file->index_[info.name] = file->tensors_.size();
     file->tensors_.push_back(std::move(info));
   }
+
+  // as the safetensors library requires, the tensors tile the data section: in order of their
+  // offsets, each starts where the one before ends, and the last ends where the file does
+  std::vector<const TensorInfo*> by_offset;
+  for (const auto& info : file->tensors_) by_offset.push_back(&info);
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return std::pair(a->offset, a->nbytes) < std::pair(b->offset, b->nbytes);
+  });
+  size_t end = 0;
+  const TensorInfo* previous = nullptr;
+  for (const TensorInfo* info : by_offset) {
+    const size_t begin = info->offset - data_start;
+    if (begin != end && !previous)
+      return make_error("{}: tensor '{}' at data_offsets [{}, {}) leaves a gap at the start of the data section", path,
+                        info->name, begin, begin + info->nbytes);
+    if (begin != end)
+      return make_error("{}: tensor '{}' at data_offsets [{}, {}) {} tensor '{}', which ends at {}", path, info->name,
+                        begin, begin + info->nbytes, begin < end ? "overlaps" : "leaves a gap after", previous->name,
+                        end);
+    end = begin + info->nbytes;
+    previous = info;
+  }
+  if (end != data_size)
+    return make_error("{} has {} bytes after the last tensor (its data section is {} bytes, the tensors end at {})",
+                      path, data_size - end, data_size, end);
   return file;
 }
 

@@ -171,6 +171,54 @@ TEST(LoaderErrors, TensorsMustTileTheDataSection) {
   EXPECT_EQ(open_error(tmp.path() + "/own.safetensors"), "");
 }
 
+// Shapes whose element or byte counts overflow, or that are not counts at all, name the tensor
+// rather than wrapping around to a size that happens to match.
+TEST(LoaderErrors, HeaderShapesThatDoNotCount) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("qwen3_5_dense");
+  const std::string path = dir + "/model.safetensors", saved = read_file(path);
+  const std::string name = "model.layers.0.mlp.down_proj.weight";
+  const uint64_t big = uint64_t(1) << 62;
+  struct Case {
+    std::function<void(nlohmann::json&, std::string&)> edit;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {[&](nlohmann::json& h, std::string&) {
+         h[name]["shape"] = {big, big};
+       },
+       "overflows"},
+      // 2^63 + 128 elements of 2 bytes wrap around to 256 bytes
+      {[&](nlohmann::json& h, std::string& data) {
+         h["extra.weight"] = {
+             {"dtype", "BF16"}, {"shape", {big + 64, 2}}, {"data_offsets", {data.size(), data.size() + 256}}};
+         data += std::string(256, '\0');
+       },
+       "'extra.weight' has shape [4611686018427387968, 2], whose size in bytes overflows"},
+      {[&](nlohmann::json& h, std::string&) {
+         h[name]["shape"] = {-1, 2};
+       },
+       "negative dimension -1"},
+      {[&](nlohmann::json& h, std::string&) {
+         h[name]["shape"] = {uint64_t(1) << 63, 2};
+       },
+       "past the largest size"},
+      {[&](nlohmann::json& h, std::string&) {
+         h[name]["shape"] = {64.5, 96};
+       },
+       "64.5 that is not an integer"},
+      {[&](nlohmann::json& h, std::string&) { h[name]["data_offsets"][0] = -8; }, "data offset -8"},
+  };
+  for (const Case& c : cases) {
+    write_file(path, saved);
+    edit_header(path, c.edit);
+    const auto error = open_error(path);
+    expect_one_line(error);
+    EXPECT_NE(error.find(c.needle), std::string::npos) << error;
+    EXPECT_NE(error.find(path + ": tensor '"), std::string::npos) << error;
+  }
+}
+
 TEST(LoaderErrors, ShapeDisagreesWithConfig) {
   TempDir tmp;
   const auto dir = tmp.copy_fixture("gemma4_dense");

@@ -495,6 +495,18 @@ TEST(QuantLoaderErrors, UnsupportedBitsAndGroups) {
   expect_error(load_error(dir), "gptq");
 }
 
+// A dequantized shape too large for its input size times the bits to be computed is refused, not
+// wrapped around to a packed shape that matches.
+TEST(QuantLoaderErrors, PackedShapeDoesNotOverflow) {
+  const int64_t in = int64_t(1) << 62;
+  const Tensor packed(DType::u32, Shape{1, 0}, nullptr, nullptr, Device::cpu);
+  const Tensor scales(DType::bf16, Shape{1, in / 64}, nullptr, nullptr, Device::cpu);
+  const auto status = quant::check_quantized({.weight = "w", .scales = "s", .biases = "b"}, packed, scales, scales,
+                                             Shape{1, in}, 4, 64);
+  ASSERT_FALSE(status.ok());
+  expect_error(status.error().message, "tensor w has shape [1, 0]");
+}
+
 TEST(QuantLoaderErrors, MissingBiases) {
   TempDir tmp;
   const auto dir = tmp.copy_fixture("q4g64_qwen3_5_dense");

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -38,6 +39,14 @@ class Shape {
   int64_t numel() const {
     int64_t n = 1;
     for (int i = 0; i < rank_; ++i) n *= dims_[i];
+    return n;
+  }
+  // numel() of a shape read from a file: nothing when a dimension is negative or the count
+  // overflows int64.
+  std::optional<int64_t> checked_numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank_; ++i)
+      if (dims_[i] < 0 || __builtin_mul_overflow(n, dims_[i], &n)) return std::nullopt;
     return n;
   }
   bool operator==(const Shape& other) const {

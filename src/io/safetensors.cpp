@@ -115,25 +115,43 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     info.name = it.key();
     try {
       info.dtype_name = entry.at("dtype").get<std::string>();
-      auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      if (shape.size() > size_t(Shape::kMaxRank) || offsets.size() != 2)
+      const auto& shape = entry.at("shape");
+      const auto& offsets = entry.at("data_offsets");
+      if (!shape.is_array() || shape.size() > size_t(Shape::kMaxRank) || !offsets.is_array() || offsets.size() != 2)
         return make_error("{}: tensor '{}' has a malformed header entry", path, info.name);
-      for (int64_t d : shape)
-        if (d < 0) return make_error("{}: tensor '{}' has a negative dimension", path, info.name);
-      info.shape = Shape(shape.begin(), shape.end());
+      std::vector<int64_t> dims;
+      for (const auto& d : shape) {
+        if (!d.is_number_integer())
+          return make_error("{}: tensor '{}' has a dimension {} that is not an integer", path, info.name, d.dump());
+        if (!d.is_number_unsigned() && d.get<int64_t>() < 0)
+          return make_error("{}: tensor '{}' has a negative dimension {}", path, info.name, d.dump());
+        if (d.is_number_unsigned() && d.get<uint64_t>() > uint64_t(INT64_MAX))
+          return make_error("{}: tensor '{}' has a dimension {} past the largest size", path, info.name, d.dump());
+        dims.push_back(d.get<int64_t>());
+      }
+      for (const auto& o : offsets)
+        if (!o.is_number_unsigned())
+          return make_error("{}: tensor '{}' has a data offset {} that is not a byte position", path, info.name,
+                            o.dump());
+      info.shape = Shape(dims.begin(), dims.end());
       size_t esize = element_size_of(info.dtype_name);
       if (esize == 0) return make_error("{}: tensor '{}' has unknown dtype '{}'", path, info.name, info.dtype_name);
       info.dtype = parse_dtype(info.dtype_name);
-      if (offsets[1] < offsets[0]) return make_error("{}: tensor '{}' has inverted data offsets", path, info.name);
-      if (offsets[1] > data_size)
+      const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+      if (end < begin) return make_error("{}: tensor '{}' has inverted data offsets", path, info.name);
+      if (end > data_size)
         return make_error("{} is truncated: tensor '{}' ends at byte {} of a {}-byte data section", path, info.name,
-                          offsets[1], data_size);
-      info.nbytes = size_t(offsets[1] - offsets[0]);
-      if (info.nbytes != size_t(info.shape.numel()) * esize)
+                          end, data_size);
+      info.nbytes = size_t(end - begin);
+      const std::optional<int64_t> numel = info.shape.checked_numel();
+      size_t needs = 0;
+      if (!numel || __builtin_mul_overflow(size_t(*numel), esize, &needs))
+        return make_error("{}: tensor '{}' has shape {}, whose size in bytes overflows 64 bits", path, info.name,
+                          info.shape.str());
+      if (info.nbytes != needs)
         return make_error("{}: tensor '{}' holds {} bytes but {} {} needs {}", path, info.name, info.nbytes,
-                          info.dtype_name, info.shape.str(), size_t(info.shape.numel()) * esize);
-      info.offset = data_start + size_t(offsets[0]);
+                          info.dtype_name, info.shape.str(), needs);
+      info.offset = data_start + size_t(begin);
     } catch (const nlohmann::json::exception& e) {
       return make_error("{}: tensor '{}' has a malformed header entry: {}", path, info.name, e.what());
     }

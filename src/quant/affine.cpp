@@ -82,7 +82,7 @@ Status check_quantized(const QuantizedNames& names, const Tensor& packed, const 
     return make_error("tensor {} has dtype {}, but a quantized weight is packed as U32", names.weight,
                       dtype_name(packed.dtype()));
   Shape want_packed = logical;
-  want_packed[-1] = in * bits / 32;
+  want_packed[-1] = in / 32 * bits;  // exact: 32 divides every group size; in · bits could overflow
   if (packed.shape() != want_packed)
     return make_error("tensor {} has shape {}, but {}-bit codes of a {} matrix take {}", names.weight,
                       packed.shape().str(), bits, logical.str(), want_packed.str());

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "io/quantization.h"
 #include "models/model.h"
 #include "quant/affine.h"
 #include "quant/quantize_model.h"
@@ -493,6 +494,37 @@ TEST(QuantLoaderErrors, UnsupportedBitsAndGroups) {
     c["quantization"]["quant_method"] = "gptq";
   });
   expect_error(load_error(dir), "gptq");
+}
+
+// The quantization block is checked whole, even where no tensor is quantized: bits and group
+// sizes kiln computes with, and module entries that are settings or false.
+TEST(QuantLoaderErrors, InvalidBlockOfAFloatModel) {
+  TempDir tmp;
+  const auto dir = tmp.copy_fixture("qwen3_5_dense");
+  const std::string config = dir + "/config.json";
+  edit_config(dir, [](auto& c) { c["quantization"] = {{"group_size", 16}, {"bits", 7}}; });
+  expect_error(load_error(dir), config + " quantization: 7 bits is not supported");
+  edit_config(dir, [](auto& c) { c["quantization"] = {{"group_size", 16}, {"bits", 4}}; });
+  expect_error(load_error(dir), config + " quantization: groups of 16 are not supported");
+  const std::string module = "language_model.model.layers.0.mlp.up_proj";
+  for (const nlohmann::json& entry : {nlohmann::json(4), nlohmann::json("x"), nlohmann::json(nullptr)}) {
+    edit_config(dir, [&](auto& c) { c["quantization"] = {{"group_size", 64}, {"bits", 4}, {module, entry}}; });
+    expect_error(load_error(dir), config + " quantization." + module + " must be an object");
+  }
+  edit_config(dir, [&](auto& c) {
+    c["quantization"] = {{"group_size", 64}, {"bits", 4}, {module, {{"bits", 4}, {"group_size", 48}}}};
+  });
+  expect_error(load_error(dir), config + " quantization." + module + ": groups of 48");
+  // a valid block over float weights: an empty entry takes the defaults, as mlx reads it
+  edit_config(dir, [&](auto& c) {
+    c["quantization"] = {{"group_size", 64}, {"bits", 4}, {module, nlohmann::json::object()}, {kProj, false}};
+  });
+  EXPECT_EQ(load_error(dir), "");
+  auto q = QuantizationConfig::parse(read_json(config), config);
+  ASSERT_TRUE(q.ok());
+  EXPECT_TRUE(q->module("layers.0.mlp.up_proj").quantized);
+  EXPECT_EQ(q->module("layers.0.mlp.up_proj").bits, 4);
+  EXPECT_FALSE(q->module("layers.0.mlp.gate_proj").quantized);
 }
 
 // A dequantized shape too large for its input size times the bits to be computed is refused, not

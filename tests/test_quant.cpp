@@ -1,6 +1,8 @@
 // MLX affine quantization: the packing of every width, quantizing as mlx does, the CPU kernels on
 // packed weights against the dequantized f32 reference, whole quantized models against their
 // dequantized twins, kiln quantize, and the errors a bad quantized checkpoint gives.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -404,8 +406,6 @@ TEST(QuantizeCommand, RefusesAnExistingOutput) {
   EXPECT_TRUE(std::filesystem::exists(tmp.path() + "/empty/config.json"));
 }
 
-// ---- bad quantized checkpoints ----
-
 std::string load_error(const std::string& dir) {
   CpuBackend backend(1);
   auto model = load_model(dir, backend);
@@ -436,6 +436,56 @@ void edit_tensors(const std::string& dir, const std::function<void(std::map<std:
   ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", list).ok());
   std::filesystem::remove(dir + "/model.safetensors.index.json");
 }
+
+// What kiln logits would refuse, kiln quantize refuses first, with the same error and nothing written.
+TEST(QuantizeCommand, ChecksItsInputLikeTheLoader) {
+  TempDir tmp;
+  const std::string kiln = KILN_BINARY, out = tmp.path() + "/q";
+  const std::string down = "model.layers.0.mlp.down_proj.weight";
+  const std::vector<std::function<void(std::map<std::string, Tensor>&)>> edits = {
+      [&](auto& all) { all.erase(down); },
+      [&](auto& all) {  // the same elements, transposed
+        const Tensor w = all.at(down);
+        all[down] = w.reshape(Shape{w.dim(1), w.dim(0)});
+      },
+      [&](auto& all) { all.erase("model.layers.1.linear_attn.conv1d.weight"); },
+  };
+  for (const auto& edit : edits) {
+    TempDir in;
+    const auto dir = in.copy_fixture("qwen3_5_dense");
+    edit_tensors(dir, edit);
+    const std::string error = load_error(dir);
+    ASSERT_FALSE(error.empty());
+    EXPECT_EQ(check_model(dir).error().message, error);
+    auto r = run_command(kiln + " quantize " + dir + " " + out);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.output, "kiln: error: " + error + "\n");
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
+}
+
+// Every fixture passes the check without its weights being read.
+TEST(QuantizeCommand, CheckAcceptsEveryFixture) {
+  for (const auto& name : fixture_names()) EXPECT_TRUE(check_model(fixture_path(name)).ok()) << name;
+}
+
+// A failure after writing has begun takes back what was written.
+TEST(QuantizeCommand, LeavesNothingBehindOnFailure) {
+  TempDir tmp;
+  const std::string kiln = KILN_BINARY;
+  const auto src = tmp.copy_fixture("qwen3_5_dense");
+  ASSERT_EQ(::mkfifo((src + "/tokenizer.json").c_str(), 0600), 0);  // copied last, and refused
+  auto r = run_command(kiln + " quantize " + src + " " + tmp.path() + "/new/q");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("tokenizer.json is not a regular file"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() + "/new"));
+  // an empty directory that was there stays, empty
+  std::filesystem::create_directories(tmp.path() + "/empty");
+  EXPECT_NE(run_command(kiln + " quantize " + src + " " + tmp.path() + "/empty").exit_code, 0);
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path() + "/empty"));
+}
+
+// ---- bad quantized checkpoints ----
 
 void expect_error(const std::string& error, const std::string& needle) {
   EXPECT_FALSE(error.empty());

@@ -16,7 +16,9 @@
 
 namespace kiln {
 
-enum class Device : uint8_t { cpu, cuda };
+// meta: a shape and a type without data, what a model's loader builds when it only checks a
+// checkpoint (PyTorch's meta device)
+enum class Device : uint8_t { cpu, cuda, meta };
 
 struct QuantParams;
 

@@ -22,6 +22,17 @@ Tensor glu_mlp(Backend& backend, const Tensor& x, const GluMlp& mlp, Activation 
   return out;
 }
 
+namespace {
+
+// Host memory for a stack the loader assembles from checkpoint tensors; on the meta device, where a
+// checkpoint is only checked, a shape without memory, and nothing is copied into it.
+Tensor host_stack(const Backend& backend, DType dtype, Shape shape) {
+  if (backend.device() == Device::meta) return Tensor(dtype, shape, nullptr, nullptr, Device::meta);
+  return host_tensor(dtype, shape);
+}
+
+}  // namespace
+
 Result<ExpertStack> load_experts(WeightLoader& loader, const std::string& experts_prefix,
                                  const std::string& split_prefix, int64_t n_experts, int64_t hidden, int64_t inter) {
   ExpertStack e;
@@ -29,11 +40,11 @@ Result<ExpertStack> load_experts(WeightLoader& loader, const std::string& expert
   if (loader.has(experts_prefix + ".gate_up_proj")) {
     KILN_ASSIGN(Tensor fused, loader.host(experts_prefix + ".gate_up_proj", Shape{n_experts, 2 * inter, hidden}));
     // split each expert's [2I, H] block into its gate rows and its up rows
-    Tensor gate = host_tensor(fused.dtype(), Shape{n_experts, inter, hidden});
-    Tensor up = host_tensor(fused.dtype(), Shape{n_experts, inter, hidden});
+    Tensor gate = host_stack(backend, fused.dtype(), Shape{n_experts, inter, hidden});
+    Tensor up = host_stack(backend, fused.dtype(), Shape{n_experts, inter, hidden});
     const size_t half = size_t(inter * hidden) * dtype_size(fused.dtype());
     const char* src = static_cast<const char*>(fused.data());
-    for (int64_t x = 0; x < n_experts; ++x) {
+    for (int64_t x = 0; gate.defined() && x < n_experts; ++x) {
       std::memcpy(static_cast<char*>(gate.data()) + x * half, src + 2 * x * half, half);
       std::memcpy(static_cast<char*>(up.data()) + x * half, src + (2 * x + 1) * half, half);
     }
@@ -51,13 +62,13 @@ Result<ExpertStack> load_experts(WeightLoader& loader, const std::string& expert
         const std::string name = experts_prefix + "." + std::to_string(x) + "." + proj + ".weight";
         KILN_ASSIGN(Tensor one, loader.host(name, Shape{rows, cols}));
         if (x == 0) {
-          stacked = host_tensor(one.dtype(), Shape{n_experts, rows, cols});
+          stacked = host_stack(backend, one.dtype(), Shape{n_experts, rows, cols});
           slice = one.nbytes();
         } else if (one.dtype() != stacked.dtype()) {
           return make_error("tensor {} has dtype {}, unlike expert 0", loader.store().describe(name),
                             dtype_name(one.dtype()));
         }
-        std::memcpy(static_cast<char*>(stacked.data()) + size_t(x) * slice, one.data(), slice);
+        if (stacked.defined()) std::memcpy(static_cast<char*>(stacked.data()) + size_t(x) * slice, one.data(), slice);
       }
       return backend.upload(stacked, backend.matrix_dtype());
     };

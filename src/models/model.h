@@ -87,6 +87,11 @@ Result<std::vector<CheckpointTensor>> checkpoint_tensors(const ModelConfigFile& 
 Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend,
                                           const ModelOptions& options = {});
 
+// Checks a model directory as load_model does (config.json, the name, shape and dtype of every
+// tensor the model uses, the quantization block), with the same errors, without reading its
+// weights: the family's loader runs on the meta backend.
+Status check_model(const std::string& model_dir);
+
 std::vector<std::string> supported_model_types();
 
 }  // namespace kiln

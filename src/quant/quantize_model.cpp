@@ -15,6 +15,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
+#include "models/model.h"
 #include "quant/affine.h"
 
 namespace kiln {
@@ -134,6 +135,35 @@ std::vector<NamedTensor> quantize_tensor(const Planned& p, ThreadPool& pool) {
   return {{p.name + ".weight", packed}, {p.name + ".scales", scales}, {p.name + ".biases", biases}};
 }
 
+// Takes back what an unfinished quantize_model_dir wrote (an error, or an exception such as running
+// out of memory, midway): the directories it made, or what it put into the empty one it was given.
+class PartialOutput {
+ public:
+  explicit PartialOutput(const std::string& dir) : dir_(dir) {
+    std::error_code ec, missing;
+    for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !ec && p != p.parent_path(); p = p.parent_path()) {
+      if (fs::symlink_status(p, missing).type() != fs::file_type::not_found) break;
+      made_ = p;  // the outermost directory create_directories makes
+    }
+  }
+  ~PartialOutput() {
+    if (finished_) return;
+    std::error_code ec;
+    if (!made_.empty()) {
+      fs::remove_all(made_, ec);
+      return;
+    }
+    std::vector<fs::path> written;
+    for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) written.push_back(it->path());
+    for (const auto& path : written) fs::remove_all(path, ec);
+  }
+  void finish() { finished_ = true; }
+
+ private:
+  fs::path dir_, made_;
+  bool finished_ = false;
+};
+
 const char* kAuxFiles[] = {
     "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",  "generation_config.json",
     "chat_template.jinja", "chat_template.json",    "tokenizer.model",          "vocab.json",
@@ -160,6 +190,8 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
   const std::string& type = config.model_type;
   const bool gemma = type.rfind("gemma4", 0) == 0, qwen = type.rfind("qwen3_5", 0) == 0;
   if (!gemma && !qwen) return make_error("kiln quantize does not know model_type '{}' in {}", type, config.path);
+  // what kiln logits would refuse to load is refused here, before anything is written
+  KILN_TRY(check_model(in_dir));
   KILN_ASSIGN(WeightStore store, WeightStore::open(in_dir));
 
   // mlx-lm's names: the language model under "language_model." except for flat gemma4_text
@@ -301,6 +333,7 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
     shard_size += p.out_bytes();
   }
 
+  PartialOutput output(out_dir);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) return make_error("cannot create {}: {}", out_dir, ec.message());
@@ -356,6 +389,7 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
     fs::copy_file(src, fs::path(out_dir) / aux, fs::copy_options::overwrite_existing, ec);
     if (ec) return make_error("cannot copy {} to {}: {}", src.string(), out_dir, ec.message());
   }
+  output.finish();
   return report;
 }
 

@@ -345,7 +345,7 @@ TEST(QuantizeCommand, WritesMlxLayout) {
   std::ofstream(src + "/chat_template.jinja") << "{{ messages }}";
   const std::string out = tmp.path() + "/q";
   auto r = run_command(std::string(KILN_BINARY) + " quantize " + src + " " + out +
-                       " --bits 4 --group-size 32 --override '*.shared_expert.*=8:64' --override '*.o_proj=none'");
+                       " --bits 4 --group-size 32 --override '*.shared_expert.[gu]*=8:64' --override '*.o_proj=none'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto config = read_json(out + "/config.json");
   ASSERT_TRUE(config.contains("quantization"));
@@ -435,6 +435,29 @@ void edit_tensors(const std::string& dir, const std::function<void(std::map<std:
   for (const auto& [n, t] : all) list.push_back({n, t});
   ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", list).ok());
   std::filesystem::remove(dir + "/model.safetensors.index.json");
+}
+
+// An override that names a group size its module cannot take is refused; the defaults leave such
+// modules unquantized, as mlx-lm does, and say how many.
+TEST(QuantizeCommand, OverrideGroupSizeMustDivide) {
+  TempDir tmp;
+  const std::string kiln = KILN_BINARY, src = fixture_path("qwen3_5_dense"), out = tmp.path() + "/q";
+  auto r = run_command(kiln + " quantize " + src + " " + out +
+                       " --bits 4 --group-size 32 --override '*.mlp.down_proj=8:64'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.output,
+            "kiln: error: override '*.mlp.down_proj=8:64': group size 64 does not divide the input size 96 of "
+            "'language_model.model.layers.0.mlp.down_proj'\n");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // the default group of 64 does not divide the MLPs' 96 inputs either: those stay as they are
+  auto fine = run_command(kiln + " quantize " + src + " " + out);
+  ASSERT_EQ(fine.exit_code, 0) << fine.output;
+  EXPECT_NE(fine.output.find("8 modules left unquantized: the group size does not divide their input size (first: "
+                             "language_model.model.layers.0.mlp.down_proj)"),
+            std::string::npos)
+      << fine.output;
+  EXPECT_FALSE(read_json(out + "/model.safetensors.index.json")["weight_map"].contains(
+      "language_model.model.layers.0.mlp.down_proj.scales"));
 }
 
 // What kiln logits would refuse, kiln quantize refuses first, with the same error and nothing written.

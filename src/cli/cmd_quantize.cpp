@@ -32,6 +32,9 @@ Status run_quantize(const QuantizeArgs& a) {
   const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN(QuantizeReport report, quantize_model_dir(a.in_dir, a.out_dir, options));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (report.indivisible_modules > 0)
+    fmt::print(stderr, "{} modules left unquantized: the group size does not divide their input size (first: {})\n",
+               report.indivisible_modules, report.indivisible_example);
   fmt::print(stderr, "wrote {}: {} quantized modules, {:.3f} bits per weight, {:.2f} GB, in {:.1f} s\n", a.out_dir,
              report.quantized_modules, report.bits_per_weight, double(report.bytes_written) / 1e9, seconds);
   return ok_status();

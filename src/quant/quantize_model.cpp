@@ -284,27 +284,40 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
   std::vector<bool> override_used(options.overrides.size(), false);
   std::string some_module;  // for the message of an override that matches nothing
   for (Planned& p : plan) {
-    if (!ends_with(p.name, ".weight") || p.shape.rank() < 2) continue;
+    // convolutions are no Linear layers: mlx-lm never quantizes them
+    if (!ends_with(p.name, ".weight") || p.shape.rank() < 2 || ends_with(p.name, ".conv1d.weight")) continue;
     const std::string module = p.name.substr(0, p.name.size() - 7);
     if (some_module.empty()) some_module = module;
     QuantSpec spec{};
-    if (p.shape[-1] % options.group_size == 0) {
+    bool indivisible = p.shape[-1] % options.group_size != 0;  // mlx-lm leaves such modules as they are
+    if (!indivisible) {
       spec = base_spec;
       if ((gemma && ends_with(module, "router.proj")) ||
           (moe && (ends_with(module, "mlp.gate") || ends_with(module, "shared_expert_gate"))))
         spec = QuantSpec{.quantized = true, .bits = 8, .group_size = 64};
     }
+    const QuantOverride* chosen = nullptr;  // the last matching override
     for (size_t i = 0; i < options.overrides.size(); ++i) {
       const QuantOverride& o = options.overrides[i];
       if (fnmatch(o.glob.c_str(), module.c_str(), 0) != 0) continue;
       override_used[i] = true;
+      chosen = &o;
       spec = o.bits == 0 ? QuantSpec{}
                          : QuantSpec{.quantized = true,
                                      .bits = o.bits,
                                      .group_size = o.group_size ? o.group_size : options.group_size};
       p.turned_off = o.bits == 0;
+      indivisible = false;
     }
-    if (spec.quantized && p.shape[-1] % spec.group_size != 0) spec = QuantSpec{};
+    if (spec.quantized && p.shape[-1] % spec.group_size != 0) {
+      // a group size asked for by name must fit; the defaults skip what they cannot divide
+      if (chosen && chosen->group_size)
+        return make_error("override '{}={}:{}': group size {} does not divide the input size {} of '{}'", chosen->glob,
+                          chosen->bits, chosen->group_size, chosen->group_size, p.shape[-1], module);
+      indivisible = true;
+      spec = QuantSpec{};
+    }
+    if (indivisible && report.indivisible_modules++ == 0) report.indivisible_example = module;
     p.quant = spec;
     if (spec.quantized) {
       p.name = module;

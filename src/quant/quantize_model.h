@@ -35,6 +35,9 @@ struct QuantizeOptions {
 
 struct QuantizeReport {
   int quantized_modules = 0;
+  // left unquantized because their group size does not divide their input size (as mlx-lm does)
+  int indivisible_modules = 0;
+  std::string indivisible_example;  // the first of them
   int64_t params = 0;
   size_t bytes_written = 0;
   double bits_per_weight = 0;

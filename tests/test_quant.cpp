@@ -487,6 +487,29 @@ TEST(QuantizeCommand, ChecksItsInputLikeTheLoader) {
   }
 }
 
+// A Qwen 3.5 expert's tensor past num_experts, or one whose index is not a number, is refused by
+// name (the loader only warns about tensors it does not use: a warning line comes first).
+TEST(QuantizeCommand, RefusesExpertsTheConfigDoesNotHave) {
+  TempDir tmp;
+  const std::string kiln = KILN_BINARY, out = tmp.path() + "/q";
+  const std::string expert0 = "model.language_model.layers.0.mlp.experts.0.gate_proj.weight";
+  const std::pair<std::string, std::string> cases[] = {
+      {"model.language_model.layers.0.mlp.experts.99.gate_proj.weight",
+       "is expert 99, but config.json has num_experts"},
+      {"model.language_model.layers.0.mlp.experts.first.gate_proj.weight", "is not an expert's projection"},
+  };
+  for (const auto& [name, message] : cases) {
+    TempDir in;
+    const auto dir = in.copy_fixture("qwen3_5_moe");
+    edit_tensors(dir, [&](auto& all) { all[name] = all.at(expert0); });
+    auto r = run_command(kiln + " quantize " + dir + " " + out);
+    EXPECT_NE(r.exit_code, 0) << name;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("kiln: error: "), r.output.rfind("kiln: error: ")) << r.output;  // one error line
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
+}
+
 // Every fixture passes the check without its weights being read.
 TEST(QuantizeCommand, CheckAcceptsEveryFixture) {
   for (const auto& name : fixture_names()) EXPECT_TRUE(check_model(fixture_path(name)).ok()) << name;

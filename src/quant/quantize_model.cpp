@@ -239,7 +239,16 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
     if (experts != std::string::npos && qwen) {  // layers.N.mlp.experts.E.P.weight
       const std::string rest = name.substr(experts + 9);
       const auto dot = rest.find('.');
-      const int64_t e = std::stoll(rest.substr(0, dot));
+      const std::string index = rest.substr(0, dot);
+      const int64_t n_experts = config.text.value("num_experts", int64_t(0));
+      if (dot == std::string::npos || index.empty() || index.size() > 9 ||
+          index.find_first_not_of("0123456789") != std::string::npos || !ends_with(rest, ".weight") || t.rank() != 2)
+        return make_error("tensor {} is not an expert's projection (layers.N.mlp.experts.E.PROJ.weight, 2-D)",
+                          store.describe(name));
+      const int64_t e = std::stoll(index);
+      if (e >= n_experts)
+        return make_error("tensor {} is expert {}, but config.json has num_experts {}", store.describe(name), e,
+                          n_experts);
       const std::string proj = rest.substr(dot + 1, rest.size() - dot - 1 - 7);  // drop ".weight"
       per_expert[name.substr(0, experts) + ".switch_mlp." + proj][e] = name;
       continue;

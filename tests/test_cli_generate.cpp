@@ -115,5 +115,24 @@ TEST_F(CliGenerate, ChatPrefillsOnlyTheNewTurn) {
   EXPECT_LT(counts[1], 100) << "the second turn re-prefilled the conversation";
 }
 
+// Raw ids take the context as text does: --ctx or enough for the request, within the model's
+// positions (the fixture has 4096).
+TEST(CliGenerateIds, KeepWithinTheContext) {
+  const std::string kiln = std::string(KILN_BINARY) + " generate " + fixture_path("qwen3_5_dense");
+  std::string long_prompt = "1";
+  for (int i = 1; i < 5000; ++i) long_prompt += ",1";
+  auto r = run_command(kiln + " --ids " + long_prompt + " --max-tokens 2 --device cpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("kiln: error: the prompt (5000 tokens) does not fit the context of 4096 tokens"),
+            std::string::npos)
+      << r.output;
+
+  // a context of 4 holds the prompt's 2 tokens and 2 generated ones
+  r = run_command(kiln + " --ids 1,2 --max-tokens 5 --ctx 4 --temp 0 --device cpu", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto out = nlohmann::json::parse(r.output);
+  EXPECT_EQ(out.size(), 2u) << r.output;
+}
+
 }  // namespace
 }  // namespace kiln::test

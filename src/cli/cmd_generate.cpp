@@ -47,7 +47,12 @@ Status generate_ids(const GenerateOptions& o, Backend& backend) {
   KILN_ASSIGN(auto ids, parse_id_list(o.ids));
   KILN_ASSIGN(auto model, load_model(o.model_dir, backend));
   KILN_TRY(check_logit_bias(o.generation.sampling, model->info().vocab_size));
-  const int64_t context = int64_t(ids.size()) + o.generation.max_tokens + 1;
+  // the context as for text: --ctx or enough for the request, within the model's positions
+  const int64_t limit = model->info().max_position_embeddings;
+  int64_t context = o.generation.context > 0 ? o.generation.context : int64_t(ids.size()) + o.generation.max_tokens + 1;
+  if (limit > 0) context = std::min(context, limit);
+  if (int64_t(ids.size()) >= context)
+    return make_error("the prompt ({} tokens) does not fit the context of {} tokens", ids.size(), context);
   KILN_ASSIGN(auto state, model->new_sequence(context));
   Sampler sampler(o.generation.sampling);
   std::vector<int32_t> history = ids, out;
@@ -57,7 +62,7 @@ Status generate_ids(const GenerateOptions& o, Backend& backend) {
   for (int64_t i = 0; i < o.generation.max_tokens; ++i) {
     out.push_back(next);
     history.push_back(next);
-    if (i + 1 == o.generation.max_tokens) break;
+    if (i + 1 == o.generation.max_tokens || state->length() + 1 >= state->max_context()) break;
     KILN_ASSIGN(next, decoder.next(next, history, /*check_finite=*/false, i + 2));
   }
   std::string json = "[";

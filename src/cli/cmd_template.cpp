@@ -32,7 +32,8 @@ Result<nlohmann::ordered_json> read_list(const std::string& path, const char* ke
   text << in.rdbuf();
   auto json = nlohmann::ordered_json::parse(text.str(), nullptr, false);
   if (json.is_discarded()) return make_error("{} is not valid JSON", path);
-  if (json.is_object() && json.contains(key)) json = json[key];
+  // moved out, not copied: a copy recurses as deep as the JSON nests
+  if (json.is_object() && json.contains(key)) json = std::move(json[key]);
   if (!json.is_array()) return make_error("{}: expected a JSON list of {}", path, key);
   return json;
 }

@@ -145,6 +145,11 @@ Result<std::string> ChatTemplate::render(const ChatRequest& request, const jinja
                                          jinja::TemplateFailure* failure) const {
   KILN_ASSIGN(const NamedSource* chosen, select(request));
   KILN_ASSIGN(jinja::Template compiled, jinja::Template::parse(chosen->source, failure));
+  // variables() copies the request's JSON, and a copy recurses as deep as the JSON nests
+  KILN_TRY(jinja::Template::check_depth(request.messages, failure));
+  if (request.tools) KILN_TRY(jinja::Template::check_depth(*request.tools, failure));
+  for (const auto& [name, value] : request.extra_variables.items())
+    KILN_TRY(jinja::Template::check_depth(value, failure));
   return compiled.render(variables(request), options, failure);
 }
 

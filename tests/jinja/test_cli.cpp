@@ -149,6 +149,25 @@ TEST_F(CliTest, MissingMessagesFileIsAnError) {
   EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1);
 }
 
+// Messages or tools nested far deeper than template values may nest: one line and a failure exit,
+// not a stack overflow.
+TEST_F(CliTest, DeeplyNestedMessagesOrToolsAreAnError) {
+  fs::path model = dir_ / "model";
+  fs::create_directories(model);
+  std::ofstream(model / "chat_template.jinja", std::ios::binary) << "{{ messages|length }}";
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string hi = R"([{"role": "user", "content": "hi"}])";
+  for (const auto& [messages, tools] : std::vector<std::pair<std::string, std::string>>{
+           {deep, ""}, {R"({"messages": )" + deep + "}", ""}, {hi, deep}, {hi, R"({"tools": [)" + deep + "]}"}}) {
+    std::vector<std::string> args = {"template", model.string(), "--messages", write("m.json", messages).string()};
+    if (!tools.empty()) args.insert(args.end(), {"--tools", write("t.json", tools).string()});
+    KilnRun run = kiln(args);
+    EXPECT_EQ(run.exit_code, 1);
+    EXPECT_EQ(run.out, "");
+    EXPECT_EQ(run.err, "kiln: error: template error: values nested deeper than kiln's limit of 256\n");
+  }
+}
+
 TEST_F(CliTest, ThinkingFlagsExcludeEachOther) {
   KilnRun run = kiln({"template", dir_.string(), "--messages", write("m.json", "[]").string(), "--enable-thinking",
                       "--disable-thinking"});

@@ -104,6 +104,34 @@ TEST(JinjaLimits, DeepNestingIsASyntaxErrorNotACrash) {
   EXPECT_FALSE(render(blocks, Json::object(), {}, &failure).ok());
 }
 
+// `depth` arrays nested in one another, built by the parser (building it in C++ would recurse).
+Json nested_lists(int depth) {
+  return Json::parse(std::string(size_t(depth), '[') + std::string(size_t(depth), ']'));
+}
+
+// Variables are converted to values with a bounded recursion: what is nested deeper than values may
+// nest is a limit error, however deep it goes, not a stack overflow.
+TEST(JinjaLimits, DeeplyNestedVariablesAreALimitErrorNotACrash) {
+  auto t = Template::parse("{{ xs|length }}");
+  ASSERT_TRUE(t.ok());
+  for (int depth : {256, 257, 100000}) {
+    Json variables = Json::object();
+    variables["xs"] = nested_lists(depth);
+    TemplateFailure failure;
+    auto result = t->render(variables, {}, &failure);
+    if (depth <= 256) {
+      EXPECT_EQ(*result, "1");
+      continue;
+    }
+    ASSERT_FALSE(result.ok()) << depth;
+    EXPECT_EQ(failure.kind, FailureKind::limit);
+    EXPECT_EQ(result.error().message, "template error: values nested deeper than kiln's limit of 256");
+    EXPECT_FALSE(Template::check_depth(variables["xs"]).ok());
+  }
+  EXPECT_TRUE(Template::check_depth(nested_lists(256)).ok());
+  EXPECT_TRUE(Template::check_depth(Json::parse(R"({"a": [{"b": 1}], "c": "[[["})")).ok());
+}
+
 TEST(JinjaLimits, SelfReferencingNamespacesAreReleased) {
   auto t = Template::parse("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns.self.self is defined }}");
   ASSERT_TRUE(t.ok());
@@ -199,6 +227,26 @@ TEST_F(ChatLayer, TemplateVariables) {
   EXPECT_EQ(vars["add_generation_prompt"], false);
   EXPECT_EQ(vars["bos_token"], "override");
   EXPECT_EQ(vars["enable_thinking"], false);
+}
+
+// The request's JSON is checked before it is copied into the variables (a copy recurses too).
+TEST_F(ChatLayer, DeeplyNestedMessagesToolsAndKwargsAreRefused) {
+  ChatTemplate chat = ChatTemplate::from_source("{{ messages|length }}", Json::object());
+  for (const char* where : {"messages", "tools", "kwargs"}) {
+    ChatRequest request;
+    Json deep = nested_lists(100000);
+    if (std::string(where) == "messages")
+      request.messages = std::move(deep);
+    else if (std::string(where) == "tools")
+      request.tools = std::move(deep);
+    else
+      request.extra_variables["deep"] = std::move(deep);
+    TemplateFailure failure;
+    auto result = chat.render(request, {}, &failure);
+    ASSERT_FALSE(result.ok()) << where;
+    EXPECT_EQ(result.error().message, "template error: values nested deeper than kiln's limit of 256") << where;
+    EXPECT_EQ(failure.kind, FailureKind::limit);
+  }
 }
 
 TEST_F(ChatLayer, TemplateSyntaxErrorSurfacesAtRender) {

@@ -72,6 +72,11 @@ class Template {
   Result<std::string> render(const Variables& variables, const RenderOptions& options = {},
                              TemplateFailure* failure = nullptr) const;
 
+  // The error render() would give for a variable nested deeper than template values may nest,
+  // found without recursion. Copying JSON recurses as deep as it nests, so a caller that copies
+  // untrusted variables before rendering checks them first.
+  static Status check_depth(const nlohmann::ordered_json& variable, TemplateFailure* failure = nullptr);
+
  private:
   explicit Template(std::shared_ptr<const ast::TemplateBody> body) : body_(std::move(body)) {}
   std::shared_ptr<const ast::TemplateBody> body_;

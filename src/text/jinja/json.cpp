@@ -8,7 +8,11 @@
 
 namespace kiln::jinja {
 
-Value from_json(const nlohmann::ordered_json& json) {
+namespace {
+
+// `depth`: how deep a container here would nest (1 at the top). Deeper than templates' values may
+// nest fails before recursing further, so a hostile document cannot exhaust the stack.
+Value from_json(const nlohmann::ordered_json& json, int depth) {
   using Type = nlohmann::ordered_json::value_t;
   switch (json.type()) {
     case Type::null:
@@ -27,19 +31,40 @@ Value from_json(const nlohmann::ordered_json& json) {
     case Type::string:
       return Value::string(json.get<std::string>());
     case Type::array: {
+      Value::check_depth(depth);
       List items;
       items.reserve(json.size());
-      for (const auto& item : json) items.push_back(from_json(item));
+      for (const auto& item : json) items.push_back(from_json(item, depth + 1));
       return Value::list(std::move(items));
     }
     case Type::object: {
+      Value::check_depth(depth);
       Dict dict;
-      for (const auto& [key, item] : json.items()) dict.set(Value::string(key), from_json(item));
+      for (const auto& [key, item] : json.items()) dict.set(Value::string(key), from_json(item, depth + 1));
       return Value::dict(std::move(dict));
     }
     default:
       return Value::none();
   }
+}
+
+}  // namespace
+
+Value from_json(const nlohmann::ordered_json& json) {
+  return from_json(json, 1);
+}
+
+bool nested_deeper_than(const nlohmann::ordered_json& json, int max_depth) {
+  // depth-first with a stack of its own: the document may be far deeper than the call stack allows
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> stack = {{&json, 1}};
+  while (!stack.empty()) {
+    const auto [value, depth] = stack.back();
+    stack.pop_back();
+    if (!value->is_structured()) continue;
+    if (depth > max_depth) return true;
+    for (const auto& item : *value) stack.emplace_back(&item, depth + 1);
+  }
+  return false;
 }
 
 namespace {

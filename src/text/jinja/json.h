@@ -10,7 +10,12 @@
 
 namespace kiln::jinja {
 
+// Raises a limit error for containers nested deeper than kMaxValueDepth.
 Value from_json(const nlohmann::ordered_json& json);
+
+// Whether `json`'s arrays and objects nest more than `max_depth` deep ([] is 1 deep), found
+// without recursion.
+bool nested_deeper_than(const nlohmann::ordered_json& json, int max_depth);
 
 // The arguments of json.dumps that transformers' tojson exposes.
 struct JsonDumpOptions {

@@ -3,6 +3,7 @@
 
 #include "text/jinja/ast.h"
 #include "text/jinja/jinja.h"
+#include "text/jinja/json.h"
 #include "text/jinja/parser.h"
 #include "text/jinja/renderer.h"
 
@@ -47,6 +48,12 @@ Result<std::string> Template::render(const Variables& variables, const RenderOpt
   } catch (const std::bad_alloc&) {
     return report({FailureKind::limit, renderer.line(), "out of memory while rendering the template"}, failure);
   }
+}
+
+Status Template::check_depth(const nlohmann::ordered_json& variable, TemplateFailure* failure) {
+  if (!nested_deeper_than(variable, kMaxValueDepth)) return ok_status();
+  return report({FailureKind::limit, 0, fmt::format("values nested deeper than kiln's limit of {}", kMaxValueDepth)},
+                failure);
 }
 
 }  // namespace kiln::jinja

@@ -1,6 +1,8 @@
 // Reading model output: reasoning and tool calls in each family's markup, fed whole and one
-// character at a time (as a stream delivers them), and request field checks.
+// character at a time (as a stream delivers them), and request field checks, of the readers and
+// of each endpoint's handler.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <algorithm>
 #include <fstream>
@@ -104,6 +106,22 @@ TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {
   const OutputDelta broken = parse(qwen_format(), "<tool_call>not a call</tool_call> ok", 4);
   EXPECT_TRUE(broken.tool_calls.empty());
   EXPECT_EQ(broken.content, "<tool_call>not a call</tool_call> ok");
+  // arguments nested deeper than a request may nest are not read as JSON: the call stays text
+  // (Qwen 3's JSON body), or the argument a string (Qwen 3.5's XML)
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string json_call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}\n</tool_call>";
+  const OutputDelta too_deep = parse(qwen_format(), json_call, json_call.size());
+  EXPECT_TRUE(too_deep.tool_calls.empty());
+  EXPECT_EQ(too_deep.content, json_call);
+  const std::string string_args = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"" + deep + "\"}\n</tool_call>";
+  const OutputDelta as_string = parse(qwen_format(), string_args, string_args.size());
+  ASSERT_EQ(as_string.tool_calls.size(), 1u);
+  EXPECT_EQ(as_string.tool_calls[0].arguments, json(deep).dump());
+  const std::string xml_call =
+      "<tool_call>\n<function=f>\n<parameter=a>\n" + deep + "\n</parameter>\n</function>\n</tool_call>";
+  const OutputDelta xml = parse(qwen_format(), xml_call, xml_call.size());
+  ASSERT_EQ(xml.tool_calls.size(), 1u);
+  EXPECT_EQ(xml.tool_calls[0].arguments, json({{"a", deep}}).dump());
   // without tools the markup is plain text; text that merely starts like a marker is kept
   const OutputDelta plain = parse(qwen_format(false), "a <tool_call>x</tool_call> <thin", 1);
   EXPECT_EQ(plain.content, "a <tool_call>x</tool_call> <thin");
@@ -291,6 +309,67 @@ TEST_P(ChatPromptRendering, ToolCallsAndResultsReachTheTemplate) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, ChatPromptRendering, testing::Values("qwen35_style", "gemma4_style"));
+
+}  // namespace
+}  // namespace kiln::server
+
+namespace kiln::server {
+namespace {
+
+// A handler's answer to a request body: the status and, for an error, the field it names
+// (OpenAI's `param`; Anthropic's error has none and starts its message with it) and the message.
+struct Answer {
+  int status = 0;
+  std::string param, message;
+};
+
+using Handler = void (*)(Service&, const httplib::Request&, httplib::Response&);
+
+Answer post(Handler handler, const std::string& body) {
+  // no model behind it: a request that passes every check fails when its prompt is made, with
+  // "this model has no tokenizer..." and no field named
+  static Service service(ServedModel{.name = "m"});
+  httplib::Request req;
+  req.body = body;
+  httplib::Response res;
+  handler(service, req, res);
+  const json answer = json::parse(res.body);
+  const json& error = answer.at("error");
+  return {.status = res.status,
+          .param = error.contains("param") && error["param"].is_string() ? error["param"].get<std::string>() : "",
+          .message = error.at("message").get<std::string>()};
+}
+
+// Passed every check of the request's fields (what is left is the missing model).
+bool passes_checks(const Answer& a) {
+  return a.status == 400 && a.message.find("no tokenizer") != std::string::npos;
+}
+
+std::string deep(size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+// JSON nested deeper than kiln walks: the body's own nesting, and JSON texts inside it (tool call
+// arguments, parsed by the server), are refused before anything recurses through them.
+TEST(ChatCompletionsChecks, DeeplyNestedJsonIsRefused) {
+  for (const std::string& messages :
+       std::vector<std::string>{deep(100000), R"([{"role": "user", "content": )" + deep(65) + "}]"}) {
+    const Answer a = post(handle_chat_completions, R"({"messages": )" + messages + "}");
+    EXPECT_EQ(a.status, 400);
+    EXPECT_NE(a.message.find("nests deeper than 64 levels"), std::string::npos) << a.message;
+  }
+  json body = json::parse(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f"}}]}]})");
+  for (size_t depth : {65, 100000}) {
+    body["messages"][1]["tool_calls"][0]["function"]["arguments"] = R"({"a": )" + deep(depth) + "}";
+    const Answer a = post(handle_chat_completions, body.dump());
+    EXPECT_EQ(a.status, 400);
+    EXPECT_EQ(a.param, "messages[1].tool_calls");
+    EXPECT_NE(a.message.find("nest deeper than 64 levels"), std::string::npos) << a.message;
+  }
+  body["messages"][1]["tool_calls"][0]["function"]["arguments"] = R"({"a": )" + deep(63) + "}";
+  EXPECT_TRUE(passes_checks(post(handle_chat_completions, body.dump())));
+}
 
 }  // namespace
 }  // namespace kiln::server

@@ -45,8 +45,10 @@ std::string argument_type(const json& tools, const std::string& function, const 
   return "";
 }
 
+// The model's output is read no deeper than a request may nest: deeper JSON stays text (a JSON
+// value is copied and written out recursively).
 json typed_value(const std::string& text, const std::string& type) {
-  if (type == "string") return text;
+  if (type == "string" || nesting_depth(text) > kMaxNesting) return text;
   auto parsed = json::parse(text, nullptr, false);
   if (parsed.is_discarded()) return text;
   return parsed;
@@ -84,13 +86,14 @@ Result<ToolCall> parse_qwen_xml(const std::string& body, const json& tools) {
 }
 
 Result<ToolCall> parse_hermes_json(const std::string& body) {
+  if (nesting_depth(body) > kMaxNesting) return make_error("the tool call nests deeper than {} levels", kMaxNesting);
   auto parsed = json::parse(body, nullptr, false);
   if (parsed.is_discarded() || !parsed.is_object() || !parsed.contains("name") || !parsed["name"].is_string())
     return make_error("the tool call is not a JSON object with a name");
   ToolCall call;
   call.name = parsed["name"].get<std::string>();
   json args = parsed.contains("arguments") ? parsed["arguments"] : json::object();
-  if (args.is_string()) {
+  if (args.is_string() && nesting_depth(args.get_ref<const std::string&>()) <= kMaxNesting) {
     auto inner = json::parse(args.get<std::string>(), nullptr, false);
     if (!inner.is_discarded()) args = inner;
   }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::server {
@@ -17,6 +18,14 @@ struct ApiError {
   std::string param;  // the field at fault, or empty
   std::string code;   // e.g. "model_not_found", "context_length_exceeded"
 };
+
+// Request bodies, and JSON texts inside them (tool call arguments), nest at most this deep:
+// deeper ones are refused before they are parsed, so that nothing walks them recursively.
+constexpr int kMaxNesting = 64;
+
+// The deepest nesting of arrays and objects in a JSON text (strings skipped), found without
+// recursion.
+int nesting_depth(std::string_view text);
 
 // j[key] when j is an object holding a string there, else "" (never throws).
 inline std::string string_field(const nlohmann::json& j, const char* key) {

@@ -109,35 +109,6 @@ bool ClientConnection::closed() const {
   return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
-namespace {
-
-// The deepest nesting of arrays and objects in a JSON text (strings skipped), found without
-// recursion: deeply nested input is refused before anything walks it recursively.
-int nesting_depth(const std::string& text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-constexpr int kMaxNesting = 64;
-
-}  // namespace
-
 std::variant<json, ApiError> parse_body(const httplib::Request& req) {
   if (nesting_depth(req.body) > kMaxNesting)
     return ApiError{.message = fmt::format("the request body nests deeper than {} levels", kMaxNesting)};

@@ -79,8 +79,6 @@ std::optional<ApiError> Service::check_model(const std::string& requested) const
 
 std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const json* tools,
                                                     const json& template_kwargs, bool continue_final_message) const {
-  if (!model_.tokenizer || !model_.chat_template)
-    return bad_request("this model has no tokenizer and chat template; use /v1/completions with token ids");
   if (!messages.is_array() || messages.empty()) return bad_request("'messages' must be a non-empty array", "messages");
   ChatRequest request;
   std::map<std::string, std::string> call_names;  // tool call id -> function name
@@ -108,7 +106,12 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
         const json& f = call["function"];
         ordered_json args = ordered_json::object();
         if (f.contains("arguments") && f["arguments"].is_string()) {
-          args = ordered_json::parse(f["arguments"].get<std::string>(), nullptr, false);
+          const std::string& text = f["arguments"].get_ref<const std::string&>();
+          // refused unparsed: the arguments are copied below, and a copy recurses as deep as they nest
+          if (nesting_depth(text) > kMaxNesting)
+            return bad_request(fmt::format("tool call arguments nest deeper than {} levels", kMaxNesting),
+                               param + ".tool_calls");
+          args = ordered_json::parse(text, nullptr, false);
           if (args.is_discarded()) return bad_request("tool call arguments must be JSON", param + ".tool_calls");
         } else if (f.contains("arguments") && f["arguments"].is_object()) {
           args = f["arguments"];
@@ -130,6 +133,9 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
     }
     request.messages.push_back(std::move(out));
   }
+  // (the messages' own errors first, whatever the model)
+  if (!model_.tokenizer || !model_.chat_template)
+    return bad_request("this model has no tokenizer and chat template; use /v1/completions with token ids");
   if (tools && !tools->empty()) request.tools = ordered_json(*tools);
   if (template_kwargs.is_object())
     for (const auto& [k, v] : template_kwargs.items()) request.extra_variables[k] = v;

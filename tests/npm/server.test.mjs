@@ -254,6 +254,13 @@ test('bad requests get OpenAI error objects', async () => {
   const raw = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
   assert.equal(raw.status, 400);
   assert.match((await raw.json()).error.message, /not valid JSON: parse error at line 1, column \d+/);
+  // tool call arguments are JSON text inside the body: nested too deep, they are refused unread
+  const deepArguments = '{"a": ' + '['.repeat(50000) + ']'.repeat(50000) + '}';
+  const deep = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: null,
+      tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: deepArguments } }] }] }) });
+  assert.equal(deep.status, 400);
+  assert.match((await deep.json()).error.message, /nest deeper than 64 levels/);
   const wrongMethod = await fetch(`${base}/v1/chat/completions`);
   assert.equal(wrongMethod.status, 405);
   assert.equal(wrongMethod.headers.get('allow'), 'POST');

@@ -255,6 +255,27 @@ TEST(RequestFields, TypesAndRanges) {
   }
 }
 
+// Fields of an object inside the request are named by their path, in `param` and in the message.
+TEST(RequestFields, NestedFieldsAreNamedByTheirPath) {
+  const json options = json::parse(R"({"include_usage": 1, "stop": "x"})");
+  RequestFields f(options, "stream_options");
+  bool include_usage = false;
+  f.boolean("include_usage", include_usage);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.error()->param, "stream_options.include_usage");
+  EXPECT_EQ(f.error()->message, "'stream_options.include_usage' must be a boolean");
+  // a lone string where an array of strings is wanted
+  std::vector<std::string> stops;
+  RequestFields array_only(options);
+  array_only.strings("stop", stops, 4, /*or_string=*/false);
+  ASSERT_FALSE(array_only.ok());
+  EXPECT_EQ(array_only.error()->message, "'stop' must be an array of strings");
+  RequestFields either(options);
+  either.strings("stop", stops, 4);
+  EXPECT_TRUE(either.ok());
+  EXPECT_EQ(stops, std::vector<std::string>{"x"});
+}
+
 }  // namespace
 }  // namespace kiln::server
 

@@ -251,9 +251,9 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
                  const SamplingParams& sampling_defaults) {
   fields.boolean("stream", ex.stream);
   if (const json* options = fields.object("stream_options")) {
-    RequestFields o(*options);
+    RequestFields o(*options, "stream_options");
     o.boolean("include_usage", ex.include_usage);
-    if (!o.ok()) fields.fail("stream_options." + o.error()->param, o.error()->message);
+    if (!o.ok()) fields.fail(o.error()->param, o.error()->message);
     if (!ex.stream) fields.fail("stream_options", "'stream_options' is only allowed with 'stream': true");
   }
   // no constrained decoding: a JSON format is refused rather than promised and not kept

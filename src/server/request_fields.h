@@ -36,7 +36,9 @@ inline std::string string_field(const nlohmann::json& j, const char* key) {
 
 class RequestFields {
  public:
-  explicit RequestFields(const nlohmann::json& body) : body_(body) {}
+  // `path`: where `body` is in the request ("stream_options"), which the errors name; empty for
+  // the request body itself.
+  explicit RequestFields(const nlohmann::json& body, std::string path = {}) : body_(body), path_(std::move(path)) {}
 
   // Each reader leaves `out` untouched when the field is absent or null, and records an error
   // (the first one wins) when it has the wrong type or range.
@@ -44,8 +46,9 @@ class RequestFields {
   void integer(const char* key, int64_t lo, int64_t hi, int64_t& out);
   void boolean(const char* key, bool& out);
   void string(const char* key, std::string& out, bool required = false);
-  // A string or an array of strings (OpenAI's `stop`).
-  void strings(const char* key, std::vector<std::string>& out, size_t max_count);
+  // A string or an array of strings (OpenAI's `stop`); only an array without `or_string`
+  // (Anthropic's `stop_sequences`).
+  void strings(const char* key, std::vector<std::string>& out, size_t max_count, bool or_string = true);
   // An object or array field (`tools`, `messages`), by reference; null when absent.
   const nlohmann::json* object(const char* key, bool required = false);
   const nlohmann::json* array(const char* key, bool required = false);
@@ -56,7 +59,9 @@ class RequestFields {
 
  private:
   const nlohmann::json* field(const char* key);
+  void refuse(const char* key, std::string_view problem);  // fails naming the field: "'key' problem"
   const nlohmann::json& body_;
+  std::string path_;
   std::optional<ApiError> error_;
 };
 

@@ -370,6 +370,59 @@ std::string deep(size_t depth) {
   return std::string(depth, '[') + std::string(depth, ']');
 }
 
+// `request` with `field` set to `value` (JSON text).
+std::string with(const json& request, const std::string& field, const std::string& value) {
+  json out = request;
+  out[field] = json::parse(value);
+  return out.dump();
+}
+
+TEST(ChatCompletionsChecks, ToolsAreCheckedFieldByField) {
+  const json hi = json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})");
+  const std::string weather = R"({"type": "function", "function": {"name": "get_weather",
+                                  "parameters": {"type": "object", "properties": {}}}})";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"[3]", "tools[0]"},
+      {R"([{"type": "retrieval", "function": {"name": "f"}}])", "tools[0].type"},
+      {R"([{"type": "function"}])", "tools[0].function"},
+      {R"([{"type": "function", "function": {"description": "d"}}])", "tools[0].function.name"},
+      {R"([{"type": "function", "function": {"name": 3}}])", "tools[0].function.name"},
+      {R"([{"type": "function", "function": {"name": ""}}])", "tools[0].function.name"},
+      {R"([{"type": "function", "function": {"name": "f", "description": 3}}])", "tools[0].function.description"},
+      {R"([{"type": "function", "function": {"name": "f", "parameters": "{}"}}])", "tools[0].function.parameters"},
+      {R"([{"type": "function", "function": {"name": "f", "parameters": []}}])", "tools[0].function.parameters"},
+      {"[" + weather + ", " + weather + "]", "tools[1].function.name"},
+  };
+  for (const auto& [tools, param] : refused) {
+    const Answer a = post(handle_chat_completions, with(hi, "tools", tools));
+    EXPECT_EQ(a.status, 400) << tools;
+    EXPECT_EQ(a.param, param) << tools;
+    EXPECT_NE(a.message.find("'" + param + "'"), std::string::npos) << a.message;
+  }
+  // a tool without a type is a function, and parameters may be left out or null
+  for (const std::string& tools :
+       std::vector<std::string>{"[" + weather + "]", R"([{"function": {"name": "f"}}])",
+                                R"([{"type": "function", "function": {"name": "f", "parameters": null}}])"})
+    EXPECT_TRUE(passes_checks(post(handle_chat_completions, with(hi, "tools", tools)))) << tools;
+}
+
+TEST(ChatCompletionsChecks, FieldsOfTheWrongTypeAreRefused) {
+  const json hi = json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})");
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"parallel_tool_calls", "\"yes\""}, {"parallel_tool_calls", "1"}, {"user", "5"}, {"user", "{}"}}) {
+    const Answer a = post(handle_chat_completions, with(hi, field, value));
+    EXPECT_EQ(a.status, 400);
+    EXPECT_EQ(a.param, field) << value;
+  }
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"parallel_tool_calls", "false"}, {"user", "\"u-1\""}})
+    EXPECT_TRUE(passes_checks(post(handle_chat_completions, with(hi, field, value)))) << field;
+  const Answer a = post(handle_chat_completions, R"({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+                                                     "stream_options": {"include_usage": 1}})");
+  EXPECT_EQ(a.param, "stream_options.include_usage");
+  EXPECT_EQ(a.message, "'stream_options.include_usage' must be a boolean");
+}
+
 // JSON nested deeper than kiln walks: the body's own nesting, and JSON texts inside it (tool call
 // arguments, parsed by the server), are refused before anything recurses through them.
 TEST(ChatCompletionsChecks, DeeplyNestedJsonIsRefused) {

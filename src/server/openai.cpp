@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <map>
 #include <random>
 
 #include "server/handlers.h"
@@ -265,6 +266,8 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
                                          : "'response_format' must be {\"type\": \"text\"}");
   }
   fields.boolean("return_token_ids", ex.return_token_ids);
+  std::string user;  // an end user's id, for the provider's abuse monitoring: kiln has none
+  fields.string("user", user);
   int64_t n = 1;
   fields.integer("n", 1, 1, n);
   fields.strings("stop", request.stops, 16);
@@ -287,6 +290,33 @@ void read_common(RequestFields& fields, Exchange& ex, GenerationRequest& request
     ex.logprobs = int(top);
   }
   request.logprobs = ex.logprobs;
+}
+
+// OpenAI's tools: [{"type": "function", "function": {"name", "description", "parameters"}}], each
+// name its own (a call names the function it calls). A missing type is taken for "function".
+void read_tools(RequestFields& fields, const json& tools) {
+  std::map<std::string, size_t> names;  // name -> index of the tool that has it
+  for (size_t i = 0; i < tools.size() && fields.ok(); ++i) {
+    const std::string at = fmt::format("tools[{}]", i);
+    if (!tools[i].is_object()) return fields.fail(at, fmt::format("'{}' must be an object", at));
+    RequestFields tool(tools[i], at);
+    std::string type = "function";
+    tool.string("type", type);
+    if (type != "function") tool.fail(at + ".type", fmt::format("'{}.type' must be \"function\"", at));
+    const json* function = tool.object("function", /*required=*/true);
+    if (!tool.ok()) return fields.fail(tool.error()->param, tool.error()->message);
+    RequestFields f(*function, at + ".function");
+    std::string name, description;
+    f.string("name", name, /*required=*/true);
+    f.string("description", description);
+    f.object("parameters");
+    if (f.ok() && name.empty()) f.fail(at + ".function.name", fmt::format("'{}.function.name' must not be empty", at));
+    if (f.ok())
+      if (auto [it, added] = names.emplace(name, i); !added)
+        f.fail(at + ".function.name",
+               fmt::format("'{}.function.name' repeats the name of tools[{}], '{}'", at, it->second, name));
+    if (!f.ok()) return fields.fail(f.error()->param, f.error()->message);
+  }
 }
 
 }  // namespace
@@ -337,12 +367,9 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
       fields.fail("tool_choice", "'tool_choice' must be a string or an object");
     }
   }
-  if (tools) {
-    for (const auto& tool : *tools)
-      if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
-          !tool["function"].contains("name") || !tool["function"]["name"].is_string())
-        fields.fail("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
-  }
+  if (tools) read_tools(fields, *tools);
+  bool parallel_tool_calls = true;  // not enforced: every call the model writes is returned
+  fields.boolean("parallel_tool_calls", parallel_tool_calls);
   // a function named by tool_choice must be among the tools; the model is then shown that one
   json chosen_tools;
   if (const json* choice =

@@ -242,6 +242,9 @@ test('bad requests get OpenAI error objects', async () => {
   await expectError(openai.chat.completions.create({ ...hi, tools: weather, tool_choice: { type: 'function', function: { name: 'nope' } } }),
     400, /'nope', which is not among 'tools'/);
   await expectError(openai.chat.completions.create({ ...hi, tool_choice: 'required' }), 400, /tool_choice/);
+  await expectError(openai.chat.completions.create({ ...hi, tools: [{ type: 'retrieval', function: { name: 'f' } }] }),
+    400, /'tools\[0\]\.type' must be "function"/);
+  await expectError(openai.chat.completions.create({ ...hi, tools: [...weather, ...weather] }), 400, /'tools\[1\]\.function\.name'/);
   await expectError(openai.chat.completions.create({ ...hi, chat_template_kwargs: { messages: [] } }), 400, /chat_template_kwargs/);
   await expectError(openai.chat.completions.create({ ...hi, max_tokens: 1e10 }), 400, /max_tokens' must be between/);
   await expectError(openai.chat.completions.create({ ...hi, seed: 2 ** 63 }), 400, /seed' must be between/);

@@ -423,6 +423,40 @@ TEST(ChatCompletionsChecks, FieldsOfTheWrongTypeAreRefused) {
   EXPECT_EQ(a.message, "'stream_options.include_usage' must be a boolean");
 }
 
+TEST(ChatCompletionsChecks, MessagesAreCheckedFieldByField) {
+  const std::string user = R"({"role": "user", "content": "hi"})";
+  const std::string call = R"({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                               "function": {"name": "f", "arguments": "{}"}}]})";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"([{"role": "user", "content": null}])", "messages[0].content"},
+      {R"([{"role": "user"}])", "messages[0].content"},
+      {R"([{"role": "system"}, )" + user + "]", "messages[0].content"},
+      {R"([{"role": "developer", "content": null}, )" + user + "]", "messages[0].content"},
+      {"[" + user + R"(, )" + call + R"(, {"role": "tool"}])", "messages[2].content"},
+      {R"([{"role": "user", "content": "hi", "name": 7}])", "messages[0].name"},
+      {"[" + user + ", " + call + R"(, {"role": "tool", "content": "ok"}])", "messages[2].tool_call_id"},
+      {"[" + user + ", " + call + R"(, {"role": "tool", "content": "ok", "tool_call_id": 1}])",
+       "messages[2].tool_call_id"},
+  };
+  for (const auto& [messages, param] : refused) {
+    const Answer a = post(handle_chat_completions, R"({"messages": )" + messages + "}");
+    EXPECT_EQ(a.status, 400) << messages;
+    EXPECT_EQ(a.param, param) << messages;
+  }
+  // what is valid passes: an assistant message without content, a named user, a tool result
+  EXPECT_TRUE(passes_checks(post(handle_chat_completions, R"({"messages": [{"role": "user", "content": "hi",
+      "name": "ann"}, )" + call + R"(, {"role": "tool", "content": "ok", "tool_call_id": "c1"}]})")));
+}
+
+TEST(ChatCompletionsChecks, ContinuingNeedsAFinalAssistantMessage) {
+  const Answer a = post(handle_chat_completions,
+                        R"({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true})");
+  EXPECT_EQ(a.status, 400);
+  EXPECT_EQ(a.param, "continue_final_message");
+  EXPECT_TRUE(passes_checks(post(handle_chat_completions, R"({"continue_final_message": true, "messages":
+      [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]})")));
+}
+
 // JSON nested deeper than kiln walks: the body's own nesting, and JSON texts inside it (tool call
 // arguments, parsed by the server), are refused before anything recurses through them.
 TEST(ChatCompletionsChecks, DeeplyNestedJsonIsRefused) {

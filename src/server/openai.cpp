@@ -402,6 +402,8 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
                   fmt::format("'chat_template_kwargs' may not set '{}' (a field of the request)", reserved));
   bool continue_final_message = false;  // vLLM's: the last assistant message is continued
   fields.boolean("continue_final_message", continue_final_message);
+  if (continue_final_message && messages && !messages->empty() && string_field(messages->back(), "role") != "assistant")
+    fields.fail("continue_final_message", "'continue_final_message' needs the last message to be an assistant message");
   if (!fields.ok()) return fail(*fields.error());
   if (tool_choice == "none") tools = nullptr;
   if (!chosen_tools.is_null()) tools = &chosen_tools;

@@ -91,8 +91,15 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
     if (role == "developer") role = "system";
     if (role != "system" && role != "user" && role != "assistant" && role != "tool")
       return bad_request(fmt::format("unknown role '{}'", role), param + ".role");
-    auto content = content_text(m.contains("content") ? m["content"] : json(), i);
+    // only an assistant message may go without content (it holds tool calls, or nothing)
+    const bool has_content = m.contains("content") && !m["content"].is_null();
+    if (!has_content && role != "assistant")
+      return bad_request(fmt::format("'{}.content' is required for a {} message", param, m["role"].get<std::string>()),
+                         param + ".content");
+    auto content = content_text(has_content ? m["content"] : json(), i);
     if (auto* e = std::get_if<ApiError>(&content)) return *e;
+    if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string())
+      return bad_request(fmt::format("'{}.name' must be a string", param), param + ".name");
     ordered_json out = {{"role", role}, {"content", std::get<std::string>(content)}};
     if (role == "assistant" && m.contains("reasoning_content") && m["reasoning_content"].is_string())
       out["reasoning_content"] = m["reasoning_content"];
@@ -123,8 +130,11 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
       out["tool_calls"] = calls;
     }
     if (role == "tool") {
-      const std::string id =
-          m.contains("tool_call_id") && m["tool_call_id"].is_string() ? m["tool_call_id"].get<std::string>() : "";
+      if (!m.contains("tool_call_id") || !m["tool_call_id"].is_string())
+        return bad_request(
+            fmt::format("'{}.tool_call_id' must be a string: the id of the call the message answers", param),
+            param + ".tool_call_id");
+      const std::string id = m["tool_call_id"].get<std::string>();
       out["tool_call_id"] = id;
       if (m.contains("name") && m["name"].is_string())
         out["name"] = m["name"];

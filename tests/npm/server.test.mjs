@@ -245,6 +245,9 @@ test('bad requests get OpenAI error objects', async () => {
   await expectError(openai.chat.completions.create({ ...hi, tools: [{ type: 'retrieval', function: { name: 'f' } }] }),
     400, /'tools\[0\]\.type' must be "function"/);
   await expectError(openai.chat.completions.create({ ...hi, tools: [...weather, ...weather] }), 400, /'tools\[1\]\.function\.name'/);
+  await expectError(openai.chat.completions.create({ model: modelName, messages: [{ role: 'user', content: null }] }),
+    400, /'messages\[0\]\.content' is required/);
+  await expectError(openai.chat.completions.create({ ...hi, continue_final_message: true }), 400, /continue_final_message/);
   await expectError(openai.chat.completions.create({ ...hi, chat_template_kwargs: { messages: [] } }), 400, /chat_template_kwargs/);
   await expectError(openai.chat.completions.create({ ...hi, max_tokens: 1e10 }), 400, /max_tokens' must be between/);
   await expectError(openai.chat.completions.create({ ...hi, seed: 2 ** 63 }), 400, /seed' must be between/);

@@ -479,5 +479,24 @@ TEST(ChatCompletionsChecks, DeeplyNestedJsonIsRefused) {
   EXPECT_TRUE(passes_checks(post(handle_chat_completions, body.dump())));
 }
 
+TEST(CompletionsChecks, BestOfAndSuffixAreRefused) {
+  const json hi = json::parse(R"({"prompt": "hi"})");
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"best_of", "2"}, {"best_of", "0"}, {"best_of", "\"2\""}, {"suffix", "\"end\""}, {"suffix", "3"}}) {
+    const Answer a = post(handle_completions, with(hi, field, value));
+    EXPECT_EQ(a.status, 400) << field << " " << value;
+    EXPECT_EQ(a.param, field) << value;
+  }
+  EXPECT_EQ(post(handle_completions, with(hi, "best_of", "3")).message, "'best_of' other than 1 is not supported");
+  EXPECT_EQ(post(handle_completions, with(hi, "suffix", "\"x\"")).message, "'suffix' is not supported");
+  // what asks for nothing kiln does not do passes
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"best_of", "1"}, {"suffix", "\"\""}, {"suffix", "null"}}) {
+    const Answer a = post(handle_completions, with(hi, field, value));
+    EXPECT_EQ(a.param, "prompt") << field;
+    EXPECT_NE(a.message.find("no tokenizer"), std::string::npos) << a.message;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::server

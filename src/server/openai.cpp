@@ -434,6 +434,12 @@ void handle_completions(Service& service, const httplib::Request& req, httplib::
   bool echo = false;
   fields.boolean("echo", echo);
   if (echo) fields.fail("echo", "'echo' is not supported");
+  int64_t best_of = 1;
+  fields.integer("best_of", INT64_MIN, INT64_MAX, best_of);
+  if (best_of != 1) fields.fail("best_of", "'best_of' other than 1 is not supported");
+  std::string suffix;
+  fields.string("suffix", suffix);
+  if (!suffix.empty()) fields.fail("suffix", "'suffix' is not supported");
   if (!body.contains("prompt") || body["prompt"].is_null()) fields.fail("prompt", "'prompt' is required");
   if (!fields.ok()) return fail(*fields.error());
   auto prompt = service.text_prompt(body["prompt"]);

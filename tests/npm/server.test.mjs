@@ -248,6 +248,8 @@ test('bad requests get OpenAI error objects', async () => {
   await expectError(openai.chat.completions.create({ model: modelName, messages: [{ role: 'user', content: null }] }),
     400, /'messages\[0\]\.content' is required/);
   await expectError(openai.chat.completions.create({ ...hi, continue_final_message: true }), 400, /continue_final_message/);
+  await expectError(openai.completions.create({ model: modelName, prompt: 'hi', best_of: 2 }), 400, /'best_of' other than 1 is not supported/);
+  await expectError(openai.completions.create({ model: modelName, prompt: 'hi', suffix: 'end' }), 400, /'suffix' is not supported/);
   await expectError(openai.chat.completions.create({ ...hi, chat_template_kwargs: { messages: [] } }), 400, /chat_template_kwargs/);
   await expectError(openai.chat.completions.create({ ...hi, max_tokens: 1e10 }), 400, /max_tokens' must be between/);
   await expectError(openai.chat.completions.create({ ...hi, seed: 2 ** 63 }), 400, /seed' must be between/);

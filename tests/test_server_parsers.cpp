@@ -498,5 +498,79 @@ TEST(CompletionsChecks, BestOfAndSuffixAreRefused) {
   }
 }
 
+TEST(MessagesChecks, FieldsAreCheckedAndNamed) {
+  const json hi = json::parse(R"({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})");
+  const std::string weather = R"({"name": "get_weather", "input_schema": {"type": "object", "properties": {}}})";
+  const std::vector<std::tuple<std::string, std::string, std::string>> refused = {
+      {"tools", R"([{"name": "f"}])", "tools[0].input_schema"},
+      {"tools", R"([{"name": "f", "input_schema": "{}"}])", "tools[0].input_schema"},
+      {"tools", R"([{"name": "f", "input_schema": null}])", "tools[0].input_schema"},
+      {"tools", R"([{"input_schema": {}}])", "tools[0].name"},
+      {"tools", R"([{"name": "", "input_schema": {}}])", "tools[0].name"},
+      {"tools", R"([{"name": "f", "description": 3, "input_schema": {}}])", "tools[0].description"},
+      {"tools", R"([{"type": "web_search_20250305", "name": "web_search"}])", "tools[0].type"},
+      {"tools", "[" + weather + ", " + weather + "]", "tools[1].name"},
+      {"tools", "[3]", "tools[0]"},
+      {"thinking", R"({"type": "on"})", "thinking.type"},
+      {"thinking", R"({"budget_tokens": 2048})", "thinking.type"},
+      {"thinking", R"({"type": "enabled"})", "thinking.budget_tokens"},
+      {"thinking", R"({"type": "enabled", "budget_tokens": "lots"})", "thinking.budget_tokens"},
+      {"thinking", R"({"type": "enabled", "budget_tokens": 10})", "thinking.budget_tokens"},
+      {"stop_sequences", R"("END")", "stop_sequences"},
+      {"metadata", R"("me")", "metadata"},
+      {"metadata", R"({"user_id": 5})", "metadata.user_id"},
+  };
+  for (const auto& [field, value, param] : refused) {
+    const Answer a = post(handle_messages, with(hi, field, value));
+    EXPECT_EQ(a.status, 400) << value;
+    EXPECT_EQ(a.message.rfind(param + ": ", 0), 0u) << value << " -> " << a.message;
+  }
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"tools", "[" + weather + "]"},
+           {"tools", R"([{"type": "custom", "name": "f", "input_schema": {}}])"},
+           {"thinking", R"({"type": "enabled", "budget_tokens": 2048})"},
+           {"thinking", R"({"type": "adaptive"})"},
+           {"thinking", R"({"type": "disabled"})"},
+           {"stop_sequences", R"(["END"])"},
+           {"metadata", R"({"user_id": "u-1"})"}})
+    EXPECT_TRUE(passes_checks(post(handle_messages, with(hi, field, value)))) << value;
+}
+
+TEST(MessagesChecks, ContentBlocksAreCheckedAndNamed) {
+  const std::string user = R"({"role": "user", "content": "hi"})";
+  const std::string call =
+      R"({"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]})";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"[" + user + R"(, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+        "input": "{}"}]}])",
+       "messages[1].content[0].input"},
+      {"[" + user + R"(, {"role": "assistant", "content": [{"type": "text", "text": "x"}, {"type": "tool_use",
+        "id": "t1", "name": "f"}]}])",
+       "messages[1].content[1].input"},
+      {"[" + user + ", " + call + R"(, {"role": "user", "content": [{"type": "tool_result", "content": "ok"}]}])",
+       "messages[2].content[0].tool_use_id"},
+      {"[" + user + ", " + call +
+           R"(, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": 1, "content": "ok"}]}])",
+       "messages[2].content[0].tool_use_id"},
+      // empty content: refused but for a final assistant message
+      {R"([{"role": "user", "content": []}])", "messages[0].content"},
+      {R"([{"role": "user", "content": ""}])", "messages[0].content"},
+      {"[" + user + R"(, {"role": "assistant", "content": []}, )" + user + "]", "messages[1].content"},
+      {"[" + user + R"(, {"role": "assistant", "content": ""}, )" + user + "]", "messages[1].content"},
+  };
+  for (const auto& [messages, param] : refused) {
+    const Answer a = post(handle_messages, R"({"model": "m", "max_tokens": 4, "messages": )" + messages + "}");
+    EXPECT_EQ(a.status, 400) << messages;
+    EXPECT_EQ(a.message.rfind(param + ": ", 0), 0u) << messages << " -> " << a.message;
+  }
+  for (const std::string& messages :
+       {"[" + user + R"(, {"role": "assistant", "content": []}])",
+        "[" + user + R"(, {"role": "assistant", "content": ""}])",
+        "[" + user + ", " + call + R"(, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]}])"})
+    EXPECT_TRUE(
+        passes_checks(post(handle_messages, R"({"model": "m", "max_tokens": 4, "messages": )" + messages + "}")))
+        << messages;
+}
+
 }  // namespace
 }  // namespace kiln::server

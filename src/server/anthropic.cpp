@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <map>
 
 #include "server/handlers.h"
 
@@ -51,13 +52,22 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
     if (!m.contains("content") || (!m["content"].is_string() && !m["content"].is_array()))
       return ApiError{.message = "content must be a string or an array of blocks", .param = param + ".content"};
     const json& content = m["content"];
+    // As Anthropic's API: no message may be empty but a final assistant one (a prefill of nothing,
+    // which leaves the answer to start afresh).
+    const bool empty = content.is_string() ? content.get_ref<const std::string&>().empty() : content.empty();
+    if (empty && (i + 1 < messages.size() || role != "assistant"))
+      return ApiError{
+          .message = "all messages must have non-empty content except for the optional final assistant message",
+          .param = param + ".content"};
     if (content.is_string()) {
       out.push_back({{"role", role}, {"content", content}});
       continue;
     }
     std::string text, thinking;
     json calls = json::array();
-    for (const auto& b : content) {
+    for (size_t j = 0; j < content.size(); ++j) {
+      const json& b = content[j];
+      const std::string block = fmt::format("{}.content[{}]", param, j);
       if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
         return ApiError{.message = "each content block needs a type", .param = param + ".content"};
       const std::string type = b["type"].get<std::string>();
@@ -71,11 +81,15 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
       } else if (type == "tool_use" && role == "assistant") {
         if (!b.contains("name") || !b["name"].is_string())
           return ApiError{.message = "a tool_use block needs a name", .param = param + ".content"};
-        const json input = b.contains("input") && b["input"].is_object() ? b["input"] : json::object();
+        if (!b.contains("input") || !b["input"].is_object())
+          return ApiError{.message = "a tool_use block's input must be an object", .param = block + ".input"};
         calls.push_back({{"id", string_field(b, "id")},
                          {"type", "function"},
-                         {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
+                         {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
       } else if (type == "tool_result" && role == "user") {
+        if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
+          return ApiError{.message = "a tool_result block needs the tool_use_id of the call it answers",
+                          .param = block + ".tool_use_id"};
         auto result = block_text(b.contains("content") && !b["content"].is_null() ? b["content"] : json(""),
                                  param + ".content.tool_result");
         if (auto* e = std::get_if<ApiError>(&result)) return *e;
@@ -143,13 +157,33 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   if (request.max_tokens < 0) fields.fail("max_tokens", "'max_tokens' is required");
   bool stream = false;
   fields.boolean("stream", stream);
-  fields.strings("stop_sequences", request.stops, 16);
+  fields.strings("stop_sequences", request.stops, 16, /*or_string=*/false);
+  if (const json* metadata = fields.object("metadata")) {
+    RequestFields m(*metadata, "metadata");
+    std::string user_id;  // an end user's id, for the provider's abuse monitoring: kiln has none
+    m.string("user_id", user_id);
+    if (!m.ok()) fields.fail(m.error()->param, m.error()->message);
+  }
   request.sampling = read_sampling(fields, service.model().sampling);
   const json* messages = fields.array("messages", true);
   const json* tools = fields.array("tools");
   json kwargs = json::object();
-  if (const json* thinking = fields.object("thinking"))
-    kwargs["enable_thinking"] = string_field(*thinking, "type") == "enabled";
+  // enabled and adaptive (the model decides how much to think) turn the template's thinking on;
+  // the budget is checked as Anthropic checks it, but the reasoning's length is the model's
+  if (const json* thinking = fields.object("thinking")) {
+    RequestFields t(*thinking, "thinking");
+    std::string type;
+    t.string("type", type, /*required=*/true);
+    if (type == "enabled") {
+      int64_t budget = -1;
+      t.integer("budget_tokens", 1024, INT32_MAX, budget);
+      if (budget < 0) t.fail("thinking.budget_tokens", "'thinking.budget_tokens' is required with thinking enabled");
+    } else if (t.ok() && type != "adaptive" && type != "disabled") {
+      t.fail("thinking.type", "'thinking.type' must be enabled, adaptive or disabled");
+    }
+    if (!t.ok()) fields.fail(t.error()->param, t.error()->message);
+    kwargs["enable_thinking"] = type == "enabled" || type == "adaptive";
+  }
   // auto and any show every tool, none drops them, tool shows the one it names; any and tool make
   // the answer open a tool call
   std::string chosen;
@@ -170,18 +204,35 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   json openai_tools = json::array();
   bool chosen_found = false;
   if (tools) {
-    for (const auto& t : *tools) {
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) {
-        fields.fail("tools", "each tool needs a name");
+    // custom tools only, each name its own (a call names the tool it calls)
+    std::map<std::string, size_t> names;  // name -> index of the tool that has it
+    for (size_t i = 0; i < tools->size() && fields.ok(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string at = fmt::format("tools[{}]", i);
+      if (!t.is_object()) {
+        fields.fail(at, fmt::format("'{}' must be an object", at));
         break;
       }
-      if (!chosen.empty() && t["name"] != chosen) continue;
+      RequestFields f(t, at);
+      std::string type = "custom", name, description;
+      f.string("type", type);
+      if (type != "custom")
+        f.fail(at + ".type", fmt::format("'{}.type' '{}' is not supported: kiln serves custom tools only", at, type));
+      f.string("name", name, /*required=*/true);
+      f.string("description", description);
+      const json* schema = f.object("input_schema", /*required=*/true);
+      if (f.ok() && name.empty()) f.fail(at + ".name", fmt::format("'{}.name' must not be empty", at));
+      if (f.ok())
+        if (auto [it, added] = names.emplace(name, i); !added)
+          f.fail(at + ".name", fmt::format("'{}.name' repeats the name of tools[{}], '{}'", at, it->second, name));
+      if (!f.ok()) {
+        fields.fail(f.error()->param, f.error()->message);
+        break;
+      }
+      if (!chosen.empty() && name != chosen) continue;
       chosen_found = true;
       openai_tools.push_back({{"type", "function"},
-                              {"function",
-                               {{"name", t["name"]},
-                                {"description", string_field(t, "description")},
-                                {"parameters", t.contains("input_schema") ? t["input_schema"] : json::object()}}}});
+                              {"function", {{"name", name}, {"description", description}, {"parameters", *schema}}}});
     }
   }
   if (!chosen.empty() && tools && !chosen_found)

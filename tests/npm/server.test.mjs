@@ -402,6 +402,10 @@ test('Anthropic Messages API: plain, streamed, tools, cache and errors', async (
     [{ tools, tool_choice: { type: 'tool', name: 'missing' } }, /'missing', which is not among 'tools'/],
     [{ tool_choice: { type: 'any' } }, /needs 'tools'/],
     [{ tool_choice: { type: 'sometimes' } }, /tool_choice/],
+    [{ tools: [{ name: 'get_weather' }] }, /tools\[0\]\.input_schema/],
+    [{ thinking: { type: 'enabled' } }, /thinking\.budget_tokens/],
+    [{ stop_sequences: 'END' }, /stop_sequences/],
+    [{ messages: [{ role: 'user', content: [] }] }, /messages\[0\]\.content: all messages must have non-empty content/],
   ]) {
     await assert.rejects(anthropic.messages.create({ model: modelName, max_tokens: 4, messages: [{ role: 'user', content: 'hi' }], ...request }),
       (e) => e.status === 400 && pattern.test(e.message), JSON.stringify(request));

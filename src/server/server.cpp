@@ -16,6 +16,7 @@
 #include <set>
 
 #include "server/handlers.h"
+#include "server/http_connection.h"
 
 namespace kiln::server {
 
@@ -158,7 +159,7 @@ std::string random_id(const char* prefix) {
 struct Server::Impl {
   Service service;
   ServerOptions options;
-  httplib::Server http;
+  HttpServer http;
   bool bound = false;
 
   Impl(ServedModel model, const ServerOptions& o) : service(std::move(model)), options(o) {}

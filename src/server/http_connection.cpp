@@ -1,0 +1,164 @@
+#include "server/http_connection.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+namespace kiln::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Input is read from the socket this much at a time.
+constexpr size_t kReadChunk = 16 << 10;
+// A closing connection reads what the client still sends for at most this long, and stops
+// sooner once the client has been silent for kLingerIdle.
+constexpr auto kLingerTotal = milliseconds(2000);
+constexpr auto kLingerIdle = milliseconds(250);
+// How often a connection waiting for its next request checks that the server is not stopping.
+constexpr auto kStopCheck = milliseconds(100);
+
+thread_local HttpConnection* t_current = nullptr;
+
+// Waits until `fd` is ready for `events` (or has hung up), at most `timeout`.
+bool wait_ready(int fd, short events, HttpConnection::Duration timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
+    pollfd p{.fd = fd, .events = events, .revents = 0};
+    const int n = ::poll(&p, 1, int(std::max<int64_t>(left, 0)));
+    if (n > 0) return true;
+    if (n == 0 || errno != EINTR) return false;
+  }
+}
+
+// An address as httplib writes Request::remote_addr and remote_port.
+void ip_and_port(const sockaddr_storage& addr, socklen_t length, std::string& ip, int& port) {
+  int p = -1;
+  if (addr.ss_family == AF_INET)
+    p = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  else if (addr.ss_family == AF_INET6)
+    p = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  else
+    return;
+  std::array<char, NI_MAXHOST> host{};
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&addr), length, host.data(), host.size(), nullptr, 0,
+                    NI_NUMERICHOST) != 0)
+    return;
+  ip = host.data();
+  port = p;
+}
+
+}  // namespace
+
+HttpConnection::HttpConnection(int fd, Duration read_timeout, Duration write_timeout)
+    : fd_(fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+HttpConnection* HttpConnection::current() {
+  return t_current;
+}
+
+bool HttpConnection::is_readable() const {
+  return consumed_ < buffer_.size() || wait_ready(fd_, POLLIN, read_timeout_);
+}
+
+bool HttpConnection::is_writable() const {
+  if (!wait_ready(fd_, POLLOUT, write_timeout_)) return false;
+  // as httplib: nothing is written to a client that has stopped sending
+  char byte = 0;
+  const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
+ssize_t HttpConnection::read(char* ptr, size_t size) {
+  if (consumed_ == buffer_.size()) {
+    if (!is_readable()) return -1;
+    buffer_.resize(kReadChunk);
+    ssize_t n = 0;
+    do {
+      n = ::recv(fd_, buffer_.data(), buffer_.size(), 0);
+    } while (n < 0 && errno == EINTR);
+    buffer_.resize(size_t(std::max<ssize_t>(n, 0)));
+    consumed_ = 0;
+    if (n <= 0) return n;
+  }
+  const size_t n = std::min(size, buffer_.size() - consumed_);
+  std::memcpy(ptr, buffer_.data() + consumed_, n);
+  consumed_ += n;
+  return ssize_t(n);
+}
+
+ssize_t HttpConnection::write(const char* ptr, size_t size) {
+  if (!is_writable()) return -1;
+  ssize_t n = 0;
+  do {
+    n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
+void HttpConnection::get_remote_ip_and_port(std::string& ip, int& port) const {
+  sockaddr_storage addr{};
+  socklen_t length = sizeof(addr);
+  if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &length) == 0) ip_and_port(addr, length, ip, port);
+}
+
+void HttpConnection::get_local_ip_and_port(std::string& ip, int& port) const {
+  sockaddr_storage addr{};
+  socklen_t length = sizeof(addr);
+  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &length) == 0) ip_and_port(addr, length, ip, port);
+}
+
+bool HttpConnection::wait_for_request(Duration idle, const std::function<bool()>& stopping) const {
+  if (consumed_ < buffer_.size()) return true;  // pipelined: it has arrived already
+  const auto deadline = Clock::now() + idle;
+  while (!stopping()) {
+    const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    if (wait_ready(fd_, POLLIN, std::min<Duration>(left, kStopCheck))) return true;
+  }
+  return false;
+}
+
+void HttpConnection::close() {
+  ::shutdown(fd_, SHUT_WR);
+  const auto deadline = Clock::now() + kLingerTotal;
+  std::array<char, kReadChunk> discard;
+  for (auto now = Clock::now(); now < deadline; now = Clock::now()) {
+    if (!wait_ready(fd_, POLLIN, std::min<Duration>(kLingerIdle, std::chrono::duration_cast<Duration>(deadline - now))))
+      break;
+    const ssize_t n = ::recv(fd_, discard.data(), discard.size(), 0);
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
+  }
+  ::close(fd_);
+}
+
+bool HttpServer::process_and_close_socket(int sock) {
+  using std::chrono::microseconds;
+  using std::chrono::seconds;
+  HttpConnection connection(sock, seconds(read_timeout_sec_) + microseconds(read_timeout_usec_),
+                            seconds(write_timeout_sec_) + microseconds(write_timeout_usec_));
+  t_current = &connection;
+  const auto stopping = [this] { return svr_sock_ == INVALID_SOCKET; };
+  bool ok = false;
+  for (size_t left = keep_alive_max_count_;
+       left > 0 && connection.wait_for_request(seconds(keep_alive_timeout_sec_), stopping); --left) {
+    bool client_closes = false;
+    ok = process_request(connection, left == 1, client_closes, nullptr);
+    if (!ok || client_closes || connection.closing()) break;
+  }
+  t_current = nullptr;
+  connection.close();
+  return ok;
+}
+
+}  // namespace kiln::server

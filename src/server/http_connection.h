@@ -1,0 +1,61 @@
+// The connection under kiln's HTTP server. cpp-httplib parses each request, routes it and writes
+// the response; the loop that serves one connection's requests is kiln's, because Debian 12's
+// httplib (0.11) gets it wrong where none of its settings reach:
+//  - it reads each request through a fresh stream, so bytes read past one request are lost and a
+//    pipelined request goes unanswered;
+//  - it closes a connection with input unread, which resets it, and the client may lose the
+//    answer it was sent.
+// HttpServer keeps httplib's request handling (process_request) and replaces that loop.
+#pragma once
+
+#include <httplib.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+namespace kiln::server {
+
+// One client connection, as the stream httplib reads requests from and writes responses to. It
+// lives as long as the connection: input read past one request is the next one's.
+class HttpConnection final : public httplib::Stream {
+ public:
+  using Duration = std::chrono::microseconds;
+  HttpConnection(int fd, Duration read_timeout, Duration write_timeout);
+
+  bool is_readable() const override;
+  bool is_writable() const override;
+  ssize_t read(char* ptr, size_t size) override;
+  ssize_t write(const char* ptr, size_t size) override;
+  void get_remote_ip_and_port(std::string& ip, int& port) const override;
+  void get_local_ip_and_port(std::string& ip, int& port) const override;
+  int socket() const override { return fd_; }
+
+  // Waits up to `idle` for the next request to begin; false when none does, or once `stopping`.
+  bool wait_for_request(Duration idle, const std::function<bool()>& stopping) const;
+  // Ends the connection once the response being made is written.
+  void close_after_response() { closing_ = true; }
+  bool closing() const { return closing_; }
+  // Half-closes, reads what the client still sends (a refused body, a request after the last)
+  // until it closes or a bound, then closes: closing with input unread would reset the connection.
+  void close();
+
+  // The connection whose request the calling thread is serving, or nullptr. httplib serves a
+  // connection's requests on one thread, handlers included, and hands handlers no socket.
+  static HttpConnection* current();
+
+ private:
+  int fd_;
+  Duration read_timeout_, write_timeout_;
+  std::string buffer_;  // input read from the socket and not yet consumed
+  size_t consumed_ = 0;
+  bool closing_ = false;
+};
+
+// httplib's server with kiln's connection loop.
+class HttpServer : public httplib::Server {
+ private:
+  bool process_and_close_socket(int sock) override;
+};
+
+}  // namespace kiln::server

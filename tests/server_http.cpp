@@ -1,0 +1,208 @@
+// kiln_server_http: HTTP/1.1 at the byte level against a running `kiln serve` (bare fixture: prompts
+// are token ids), over raw sockets, where an HTTP client library would hide what is checked.
+//
+//   kiln_server_http --url http://127.0.0.1:PORT
+//
+// Each case sends bytes, reads what comes back until the server closes or a deadline passes, and
+// checks the responses, how long they took and whether the connection was closed.
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string g_host = "127.0.0.1", g_port = "8080";
+int g_failures = 0;
+
+void check(bool ok, const std::string& what, const std::string& detail = "") {
+  std::printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", what.c_str(), detail.empty() ? "" : ": ", detail.c_str());
+  if (!ok) ++g_failures;
+}
+
+// A connection to the server; closed on destruction.
+class Socket {
+ public:
+  Socket() {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(g_host.c_str(), g_port.c_str(), &hints, &found) != 0) return;
+    for (addrinfo* a = found; a && fd_ < 0; a = a->ai_next) {
+      fd_ = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      if (fd_ >= 0 && ::connect(fd_, a->ai_addr, a->ai_addrlen) != 0) ::close(std::exchange(fd_, -1));
+    }
+    ::freeaddrinfo(found);
+  }
+  ~Socket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool send(const std::string& bytes) const {
+    for (size_t at = 0; at < bytes.size();) {
+      const ssize_t n = ::send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      at += size_t(n);
+    }
+    return true;
+  }
+  void half_close() const { ::shutdown(fd_, SHUT_WR); }
+  // What arrives until the server closes (closed) or `deadline` passes.
+  struct Received {
+    std::string bytes;
+    bool closed = false;
+    double seconds = 0;
+  };
+  Received receive(double deadline_s) const {
+    Received r;
+    const auto start = Clock::now();
+    for (;;) {
+      const double left = deadline_s - std::chrono::duration<double>(Clock::now() - start).count();
+      if (left <= 0) break;
+      timeval tv{.tv_sec = time_t(left), .tv_usec = suseconds_t((left - double(time_t(left))) * 1e6)};
+      ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      char buf[16384];
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n > 0) {
+        r.bytes.append(buf, size_t(n));
+        continue;
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) r.closed = true;
+      if (r.closed) break;
+    }
+    r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return r;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+struct Reply {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // names lowercased
+  std::string body;
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The responses in `bytes`, interim (1xx) ones included; parsing stops at the first incomplete one.
+std::vector<Reply> parse_replies(const std::string& bytes) {
+  std::vector<Reply> replies;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const size_t head_end = bytes.find("\r\n\r\n", at);
+    if (head_end == std::string::npos || bytes.compare(at, 9, "HTTP/1.1 ") != 0) break;
+    Reply r;
+    r.status = std::atoi(bytes.c_str() + at + 9);
+    for (size_t line = bytes.find("\r\n", at) + 2; line < head_end;) {
+      const size_t end = bytes.find("\r\n", line);
+      const std::string text = bytes.substr(line, end - line);
+      const size_t colon = text.find(':');
+      if (colon != std::string::npos)
+        r.headers[lower(text.substr(0, colon))] = text.substr(text.find_first_not_of(' ', colon + 1));
+      line = end + 2;
+    }
+    at = head_end + 4;
+    if (r.status >= 200 && lower(r.header("transfer-encoding")) == "chunked") {
+      for (;;) {
+        const size_t size_end = bytes.find("\r\n", at);
+        if (size_end == std::string::npos) return replies;
+        const size_t size = std::stoul(bytes.substr(at, size_end - at), nullptr, 16);
+        if (size_end + 2 + size + 2 > bytes.size()) return replies;
+        r.body += bytes.substr(size_end + 2, size);
+        at = size_end + 2 + size + 2;
+        if (size == 0) break;
+      }
+    } else if (r.status >= 200) {
+      const size_t length = std::stoul(r.header("content-length").empty() ? "0" : r.header("content-length"));
+      if (at + length > bytes.size()) break;
+      r.body = bytes.substr(at, length);
+      at += length;
+    }
+    replies.push_back(std::move(r));
+  }
+  return replies;
+}
+
+std::vector<Reply> final_replies(const std::string& bytes) {
+  std::vector<Reply> all = parse_replies(bytes), out;
+  for (auto& r : all)
+    if (r.status >= 200) out.push_back(std::move(r));
+  return out;
+}
+
+std::string post(const std::string& path, const std::string& body, const std::string& extra_headers = "") {
+  return "POST " + path +
+         " HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n" + extra_headers + "\r\n" + body;
+}
+
+std::string get(const std::string& path, const std::string& extra_headers = "") {
+  return "GET " + path + " HTTP/1.1\r\nHost: kiln\r\n" + extra_headers + "\r\n";
+}
+
+std::string statuses(const std::vector<Reply>& replies) {
+  std::string s;
+  for (const auto& r : replies) s += (s.empty() ? "" : " ") + std::to_string(r.status);
+  return "[" + s + "]";
+}
+
+const std::string kCompletion = R"({"prompt":[1,2,3],"max_tokens":3,"temperature":0})";
+
+// Requests sent back to back in one write are all answered, in order.
+void pipelined() {
+  Socket s;
+  s.send(get("/health") + post("/v1/completions", kCompletion) + get("/v1/models", "Connection: close\r\n"));
+  const auto got = s.receive(5);
+  const auto replies = final_replies(got.bytes);
+  check(replies.size() == 3 && replies[0].status == 200 && replies[1].status == 200 && replies[2].status == 200,
+        "three pipelined requests get three answers", statuses(replies));
+  check(replies.size() == 3 && json::parse(replies[1].body, nullptr, false).contains("choices") &&
+            json::parse(replies[2].body, nullptr, false).contains("data"),
+        "the pipelined answers come in order");
+  check(got.closed && got.seconds < 3, "the connection closes after the last (Connection: close)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string url = "http://127.0.0.1:8080";
+  CLI::App app{"kiln_server_http: HTTP/1.1 framing against a kiln server, over raw sockets"};
+  app.add_option("--url", url)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const size_t host_at = url.find("://") == std::string::npos ? 0 : url.find("://") + 3;
+  const size_t colon = url.rfind(':');
+  if (colon == std::string::npos || colon < host_at) {
+    std::fprintf(stderr, "--url must name a port: %s\n", url.c_str());
+    return 2;
+  }
+  g_host = url.substr(host_at, colon - host_at);
+  g_port = url.substr(colon + 1);
+
+  pipelined();
+
+  std::printf("%d failure(s)\n", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -185,6 +185,55 @@ void pipelined() {
   check(got.closed && got.seconds < 3, "the connection closes after the last (Connection: close)");
 }
 
+// A client that half-closes after a complete request still reads the answer, plain or streamed.
+void half_closed() {
+  for (const bool stream : {false, true}) {
+    const std::string kind = stream ? "streamed" : "plain";
+    json body = json::parse(kCompletion);
+    body["stream"] = stream;
+    Socket s;
+    s.send(post("/v1/completions", body.dump()));
+    s.half_close();
+    const auto got = s.receive(10);
+    const auto replies = final_replies(got.bytes);
+    const bool answered = replies.size() == 1 && replies[0].status == 200 &&
+                          (stream ? replies[0].body.find("data: [DONE]") != std::string::npos
+                                  : json::parse(replies[0].body, nullptr, false).contains("choices"));
+    check(answered, "a half-closed client reads its " + kind + " answer",
+          statuses(replies) + " " + got.bytes.substr(0, 120));
+  }
+}
+
+int running_generations() {
+  Socket s;
+  s.send(get("/health", "Connection: close\r\n"));
+  const auto replies = final_replies(s.receive(5).bytes);
+  if (replies.size() != 1) return -1;
+  const json health = json::parse(replies[0].body, nullptr, false);
+  return health.is_object() ? health.value("running", -1) : -1;
+}
+
+// A client that closes its socket before its non-streamed answer cancels the generation, which
+// would otherwise run on for seconds (4000 tokens).
+void closed_client_cancels() {
+  for (const char* version : {"HTTP/1.1", "HTTP/1.0"}) {
+    const std::string body = R"({"prompt":[1,2,3],"max_tokens":4000,"temperature":0})";
+    std::optional<Socket> s(std::in_place);
+    s->send("POST /v1/completions " + std::string(version) +
+            "\r\nHost: kiln\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+    const auto start = Clock::now();
+    while (running_generations() == 0 && Clock::now() - start < std::chrono::seconds(5)) {
+    }
+    s.reset();
+    const auto closed = Clock::now();
+    int running = 1;
+    while ((running = running_generations()) != 0 && Clock::now() - closed < std::chrono::seconds(2)) {
+    }
+    check(running == 0, std::string("a closed ") + version + " client cancels its generation",
+          std::to_string(std::chrono::duration<double>(Clock::now() - closed).count()) + " s");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +251,8 @@ int main(int argc, char** argv) {
   g_port = url.substr(colon + 1);
 
   pipelined();
+  half_closed();
+  closed_client_cancels();
 
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;

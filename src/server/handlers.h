@@ -25,19 +25,24 @@ void respond_json(httplib::Response& res, int status, const nlohmann::json& body
 // A streamed response (server-sent events), counted open on `service` until httplib releases it.
 void respond_events(httplib::Response& res, Service& service, EventSource source);
 
+class HttpConnection;
+
 // Whether the client that sent a request has gone, for responses written only at the end (a
-// non-streamed generation is cancelled then). httplib does not hand handlers the socket, so it
-// is found once by the peer's address and port among the process's sockets.
+// non-streamed generation is cancelled then). Made and asked on the thread serving the request.
 class ClientConnection {
  public:
   explicit ClientConnection(const httplib::Request& req);
-  // True once the peer has closed or reset the connection (or the socket is no longer its).
+  // True once the client can no longer read the answer: it reset the connection, or closed it.
+  // A client that has sent its last byte may have closed its socket or only half-closed it and
+  // be waiting for the answer; the first time that is seen an interim 100 (Continue), which
+  // HTTP/1.1 clients read past, is written, and a closed socket answers it with a reset. HTTP/1.0
+  // has no interim responses: there a client that has sent its last byte counts as gone.
   bool closed() const;
 
  private:
-  std::string peer_addr_;
-  int peer_port_ = -1;
-  int fd_ = -1;  // -1: not found; then closed() is always false
+  HttpConnection* connection_;  // nullptr: not served by HttpServer; then closed() is always false
+  bool interim_allowed_;
+  mutable bool probed_ = false;
 };
 
 // The request body as a JSON object, or an ApiError for malformed JSON or any other JSON value.

@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -71,12 +72,22 @@ bool HttpConnection::is_readable() const {
   return consumed_ < buffer_.size() || wait_ready(fd_, POLLIN, read_timeout_);
 }
 
+// A client that has stopped sending may still read: only one that is gone is not written to.
 bool HttpConnection::is_writable() const {
-  if (!wait_ready(fd_, POLLOUT, write_timeout_)) return false;
-  // as httplib: nothing is written to a client that has stopped sending
+  return wait_ready(fd_, POLLOUT, write_timeout_) && peer() != Peer::gone;
+}
+
+HttpConnection::Peer HttpConnection::peer() const {
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  if (::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &length) == 0) {
+    if (info.tcpi_state == TCP_CLOSE) return Peer::gone;  // reset (or closed here)
+    return info.tcpi_state == TCP_CLOSE_WAIT ? Peer::done_sending : Peer::sending;
+  }
   char byte = 0;
   const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  if (n == 0) return Peer::done_sending;
+  return n > 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Peer::sending : Peer::gone;
 }
 
 ssize_t HttpConnection::read(char* ptr, size_t size) {
@@ -98,7 +109,7 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
 }
 
 ssize_t HttpConnection::write(const char* ptr, size_t size) {
-  if (!is_writable()) return -1;
+  if (!wait_ready(fd_, POLLOUT, write_timeout_)) return -1;
   ssize_t n = 0;
   do {
     n = ::send(fd_, ptr, size, MSG_NOSIGNAL);

@@ -3,6 +3,8 @@
 // httplib (0.11) gets it wrong where none of its settings reach:
 //  - it reads each request through a fresh stream, so bytes read past one request are lost and a
 //    pipelined request goes unanswered;
+//  - it writes nothing to a client that has half-closed, so a complete request followed by
+//    shutdown(SHUT_WR) got no answer (later httplib versions write to it);
 //  - it closes a connection with input unread, which resets it, and the client may lose the
 //    answer it was sent.
 // HttpServer keeps httplib's request handling (process_request) and replaces that loop.
@@ -27,9 +29,16 @@ class HttpConnection final : public httplib::Stream {
   bool is_writable() const override;
   ssize_t read(char* ptr, size_t size) override;
   ssize_t write(const char* ptr, size_t size) override;
+  using httplib::Stream::write;
   void get_remote_ip_and_port(std::string& ip, int& port) const override;
   void get_local_ip_and_port(std::string& ip, int& port) const override;
   int socket() const override { return fd_; }
+
+  // Where the client stands: still sending; done sending (it closed its socket, or only
+  // half-closed it: the two look alike until something is written); or gone (it reset the
+  // connection, as a closed socket does when written to).
+  enum class Peer { sending, done_sending, gone };
+  Peer peer() const;
 
   // Waits up to `idle` for the next request to begin; false when none does, or once `stopping`.
   bool wait_for_request(Duration idle, const std::function<bool()>& stopping) const;

@@ -3,14 +3,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <atomic>
-#include <cerrno>
-#include <charconv>
-#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -59,55 +52,23 @@ void respond_events(httplib::Response& res, Service& service, EventSource source
                                    [&service](bool) { service.stream_closed(); });
 }
 
-namespace {
-
-// A socket's peer as httplib writes Request::remote_addr and remote_port.
-bool peer_of(int fd, std::string& addr, int& port) {
-  sockaddr_storage storage{};
-  socklen_t length = sizeof(storage);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) return false;
-  char host[NI_MAXHOST];
-  if (::getnameinfo(reinterpret_cast<sockaddr*>(&storage), length, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0)
-    return false;
-  if (storage.ss_family == AF_INET)
-    port = ntohs(reinterpret_cast<sockaddr_in*>(&storage)->sin_port);
-  else if (storage.ss_family == AF_INET6)
-    port = ntohs(reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port);
-  else
-    return false;
-  addr = host;
-  return true;
-}
-
-}  // namespace
-
 ClientConnection::ClientConnection(const httplib::Request& req)
-    : peer_addr_(req.remote_addr), peer_port_(req.remote_port) {
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
-    int fd = -1;
-    const std::string name = entry.path().filename().string();
-    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
-    std::string addr;
-    int port = -1;
-    if (peer_of(fd, addr, port) && addr == peer_addr_ && port == peer_port_) {
-      fd_ = fd;
-      break;
-    }
-  }
-}
+    : connection_(HttpConnection::current()), interim_allowed_(req.version == "HTTP/1.1") {}
 
 bool ClientConnection::closed() const {
-  if (fd_ < 0) return false;
-  std::string addr;
-  int port = -1;
-  // another peer on this descriptor: ours is gone (a failed lookup alone proves nothing; recv tells)
-  if (peer_of(fd_, addr, port) && (addr != peer_addr_ || port != peer_port_)) return true;
-  char byte = 0;
-  const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0) return false;  // a pipelined request waits: still there
-  if (n == 0) return true;  // an orderly close
-  return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  if (!connection_) return false;
+  switch (connection_->peer()) {
+    case HttpConnection::Peer::sending:
+      return false;
+    case HttpConnection::Peer::gone:
+      return true;
+    case HttpConnection::Peer::done_sending:
+      break;
+  }
+  if (!interim_allowed_) return true;
+  if (probed_) return false;  // a closed socket's reset comes back within a round trip
+  probed_ = true;
+  return connection_->write("HTTP/1.1 100 Continue\r\n\r\n") < 0;
 }
 
 std::variant<json, ApiError> parse_body(const httplib::Request& req) {

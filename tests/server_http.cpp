@@ -234,6 +234,68 @@ void closed_client_cancels() {
   }
 }
 
+// A request whose body cannot be read as framed is answered at once (the server would wait 10 s
+// for more input), without its body being read, and its connection is closed after the answer.
+void refused_framing() {
+  struct Case {
+    const char* what;
+    std::string request;
+    int status;
+  };
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n";
+  const std::vector<Case> cases = {
+      {"a POST without Content-Length", head + "\r\n" + kCompletion, 411},
+      {"a Content-Length over --max-body-bytes (body not sent)", head + "Content-Length: 1000000000\r\n\r\n", 413},
+      {"a Content-Length past 64 bits", head + "Content-Length: 99999999999999999999999\r\n\r\n" + kCompletion, 413},
+      {"a negative Content-Length", head + "Content-Length: -5\r\n\r\n" + kCompletion, 400},
+      {"a Content-Length that is not a number", head + "Content-Length: abc\r\n\r\n" + kCompletion, 400},
+      {"two different Content-Lengths",
+       head + "Content-Length: " + std::to_string(kCompletion.size()) + "\r\nContent-Length: 5\r\n\r\n" + kCompletion,
+       400},
+      {"Content-Length with Transfer-Encoding",
+       head + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+      {"a Transfer-Encoding other than chunked", head + "Transfer-Encoding: gzip, chunked\r\n\r\n", 400},
+      {"an oversize body announced with Expect: 100-continue",
+       head + "Expect: 100-continue\r\nContent-Length: 1000000000\r\n\r\n", 413},
+  };
+  for (const auto& c : cases) {
+    Socket s;
+    s.send(c.request);
+    const auto got = s.receive(5);
+    const auto replies = parse_replies(got.bytes);  // no 100 Continue may come first
+    const bool answered = replies.size() == 1 && replies[0].status == c.status &&
+                          json::parse(replies[0].body, nullptr, false).contains("error");
+    check(answered && got.seconds < 2, std::string(c.what) + " gets " + std::to_string(c.status) + " at once",
+          statuses(replies) + " after " + std::to_string(got.seconds) + " s");
+    check(got.closed && replies.size() == 1 && replies[0].header("connection") == "close" &&
+              replies[0].header("keep-alive").empty(),
+          std::string(c.what) + ": the connection is closed after the answer");
+  }
+}
+
+// A request that carries a body httplib does not read (a GET's) is answered, and the connection
+// closed: the body would be read as the next request.
+void unread_body_closes() {
+  Socket s;
+  s.send(get("/health", "Content-Length: 22\r\n") + "GET /v1/models HTTP/1.1");
+  const auto got = s.receive(5);
+  const auto replies = final_replies(got.bytes);
+  check(replies.size() == 1 && replies[0].status == 200 && replies[0].header("connection") == "close" && got.closed &&
+            got.seconds < 2,
+        "a GET with a body is answered and its connection closed", statuses(replies));
+}
+
+// Requests framed right keep their connection.
+void framed_keeps_alive() {
+  Socket s;
+  s.send(post("/v1/completions", kCompletion) + post("/v1/completions", "{bad json"));
+  const auto got = s.receive(1);
+  const auto replies = final_replies(got.bytes);
+  check(replies.size() == 2 && replies[0].status == 200 && replies[1].status == 400 && !got.closed &&
+            replies[1].header("connection").empty(),
+        "a well-framed request, even with a bad body, keeps its connection", statuses(replies));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -253,6 +315,9 @@ int main(int argc, char** argv) {
   pipelined();
   half_closed();
   closed_client_cancels();
+  refused_framing();
+  unread_body_closes();
+  framed_keeps_alive();
 
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;

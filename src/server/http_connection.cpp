@@ -7,9 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 namespace kiln::server {
@@ -151,6 +153,51 @@ void HttpConnection::close() {
     if (n == 0 || (n < 0 && errno != EINTR)) break;
   }
   ::close(fd_);
+}
+
+void close_connection_after_response() {
+  if (t_current) t_current->close_after_response();
+}
+
+bool reads_body(const httplib::Request& req) {
+  const std::string& m = req.method;
+  return m == "POST" || m == "PUT" || m == "PATCH" || m == "PRI" || (m == "DELETE" && req.has_header("Content-Length"));
+}
+
+bool carries_unread_body(const httplib::Request& req) {
+  return !reads_body(req) && (req.has_header("Transfer-Encoding") ||
+                              (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0"));
+}
+
+std::optional<FramingError> framing_error(const httplib::Request& req, size_t max_body_bytes) {
+  if (!reads_body(req)) return std::nullopt;
+  const size_t lengths = req.get_header_value_count("Content-Length");
+  if (req.has_header("Transfer-Encoding")) {
+    // both could be a request smuggled past a proxy that reads the other one (RFC 9112 §6.3)
+    if (lengths > 0) return FramingError{400, "a request may not carry both Content-Length and Transfer-Encoding"};
+    const std::string coding = req.get_header_value("Transfer-Encoding");
+    if (req.get_header_value_count("Transfer-Encoding") > 1 || ::strcasecmp(coding.c_str(), "chunked") != 0)
+      return FramingError{400, "Transfer-Encoding \"" + coding +
+                                   "\" is not supported: send the body with a Content-Length, or chunked"};
+    return std::nullopt;
+  }
+  // RFC 9112 §6.3 would read no length as an empty body, but every body kiln takes is a JSON
+  // object, and what the client sent after its headers would be read as its next request: 411
+  // Length Required names the mistake instead.
+  if (lengths == 0)
+    return FramingError{411, "a request body needs a Content-Length header (or Transfer-Encoding: chunked)"};
+  const std::string length = req.get_header_value("Content-Length");
+  for (size_t i = 0; i < lengths; ++i) {
+    const std::string value = req.get_header_value("Content-Length", i);
+    if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
+      return FramingError{400, "malformed Content-Length \"" + value + "\": it must be a number of bytes"};
+    if (value != length) return FramingError{400, "conflicting Content-Length headers"};
+  }
+  uint64_t bytes = 0;
+  const bool overflows = std::from_chars(length.data(), length.data() + length.size(), bytes).ec != std::errc();
+  if (overflows || bytes > max_body_bytes)
+    return FramingError{413, "the request body exceeds " + std::to_string(max_body_bytes) + " bytes"};
+  return std::nullopt;
 }
 
 bool HttpServer::process_and_close_socket(int sock) {

@@ -8,12 +8,17 @@
 //  - it closes a connection with input unread, which resets it, and the client may lose the
 //    answer it was sent.
 // HttpServer keeps httplib's request handling (process_request) and replaces that loop.
+//
+// A request's framing (RFC 9112 §6) is checked here too, before httplib reads its body: httplib
+// 0.11 reads a body without Content-Length until the client closes, waits for all of an oversize
+// body before refusing it, and takes a negative or malformed length for a huge or empty one.
 #pragma once
 
 #include <httplib.h>
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace kiln::server {
@@ -60,6 +65,25 @@ class HttpConnection final : public httplib::Stream {
   size_t consumed_ = 0;
   bool closing_ = false;
 };
+
+// Ends the calling thread's connection once the response being made is written (and says so in
+// it): after a request whose body is left unread, where the next request begins is unknown.
+void close_connection_after_response();
+
+// Whether httplib reads a body for this request: POST, PUT, PATCH and PRI always, DELETE with a
+// Content-Length. The body of any other request is left unread.
+bool reads_body(const httplib::Request& req);
+// A request of another method that carries a body anyway (httplib leaves it unread).
+bool carries_unread_body(const httplib::Request& req);
+
+struct FramingError {
+  int status;  // 400 malformed, 411 no length, 413 too large
+  std::string message;
+};
+// Why the body of a request httplib reads a body for cannot be read as it is framed, or nullopt:
+// a Content-Length is required (or Transfer-Encoding: chunked, alone), well formed and at most
+// `max_body_bytes`.
+std::optional<FramingError> framing_error(const httplib::Request& req, size_t max_body_bytes);
 
 // httplib's server with kiln's connection loop.
 class HttpServer : public httplib::Server {

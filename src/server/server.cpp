@@ -131,6 +131,16 @@ struct Server::Impl {
     respond_json(res, e.status, is_anthropic(req) ? anthropic_error(e) : openai_error(e));
   }
 
+  // A request whose body cannot be read as it is framed is answered before httplib reads any of
+  // it (at once, not after waiting for a body that may never end), and its connection closed.
+  bool refuse_unframed(const httplib::Request& req, httplib::Response& res) {
+    const auto problem = framing_error(req, options.max_body_bytes);
+    if (!problem) return false;
+    close_connection_after_response();
+    error(req, res, ApiError{.status = problem->status, .message = problem->message});
+    return true;
+  }
+
   bool authorized(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
     const std::string bearer = "Bearer " + options.api_key;
@@ -149,7 +159,16 @@ struct Server::Impl {
     service.set_max_waiting(options.max_waiting > 0 ? options.max_waiting
                                                     : std::max<int64_t>(1, int64_t(threads) - batch - 16));
 
+    // with Expect: 100-continue the client waits for a go-ahead before sending the body
+    http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!refuse_unframed(req, res)) return 100;
+      // httplib writes this answer without the Content-Length it gives the others
+      res.set_header("Content-Length", std::to_string(res.body.size()));
+      return res.status;
+    });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (refuse_unframed(req, res)) return httplib::Server::HandlerResponse::Handled;
+      if (carries_unread_body(req)) close_connection_after_response();
       if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
       // a fixed set of labels: a client without a key must not add series (or text) to /metrics
       static const std::set<std::string> kEndpoints = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
@@ -160,12 +179,15 @@ struct Server::Impl {
                      .type = "authentication_error",
                      .message = "a valid API key is required (Authorization: Bearer KEY)",
                      .code = "invalid_api_key"});
+      if (reads_body(req)) close_connection_after_response();  // refused unread
       return httplib::Server::HandlerResponse::Handled;
     });
     // statuses httplib sets itself (413 body too large, 404 unknown path, 400 bad HTTP) get an error body
     http.set_error_handler(
         httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
           if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
+          // httplib stops short of the body on any of its errors but an unknown path
+          if (res.status != 404) close_connection_after_response();
           ApiError e{.status = res.status, .message = fmt::format("HTTP status {}", res.status)};
           if (res.status == 400) e.message = "malformed HTTP request (headers, chunked body or encoding)";
           if (res.status == 414) e.message = "the request line is too long";
@@ -189,6 +211,13 @@ struct Server::Impl {
           error(req, res, e);
           return httplib::Server::HandlerResponse::Handled;
         }));
+    http.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+      const HttpConnection* connection = HttpConnection::current();
+      if (!connection || !connection->closing()) return;
+      res.headers.erase("Keep-Alive");  // what httplib writes unless it closes the connection itself
+      res.headers.erase("Connection");
+      res.set_header("Connection", "close");
+    });
     http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "internal error";
       try {

@@ -273,6 +273,35 @@ void refused_framing() {
   }
 }
 
+// A chunked body is held to --max-body-bytes (100000 here) as it is read; one within it is read.
+void chunked_bodies() {
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  const auto chunk = [](const std::string& data) {
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+    return size + data + "\r\n";
+  };
+  {
+    Socket s;
+    s.send(head + chunk(kCompletion.substr(0, 10)) + chunk(kCompletion.substr(10)) + "0\r\n\r\n" + get("/health"));
+    const auto replies = final_replies(s.receive(1).bytes);
+    check(replies.size() == 2 && replies[0].status == 200 && replies[1].status == 200,
+          "a chunked body is read, and the request after it", statuses(replies));
+  }
+  {
+    Socket s;
+    std::string body = head;
+    for (int i = 0; i < 4; ++i) body += chunk(std::string(65536, ' '));
+    s.send(body + "0\r\n\r\n");
+    const auto got = s.receive(5);
+    const auto replies = final_replies(got.bytes);
+    check(replies.size() == 1 && replies[0].status == 413 && replies[0].header("connection") == "close" && got.closed,
+          "a chunked body over --max-body-bytes gets 413 and its connection closed", statuses(replies));
+  }
+}
+
 // A request that carries a body httplib does not read (a GET's) is answered, and the connection
 // closed: the body would be read as the next request.
 void unread_body_closes() {
@@ -316,6 +345,7 @@ int main(int argc, char** argv) {
   half_closed();
   closed_client_cancels();
   refused_framing();
+  chunked_bodies();
   unread_body_closes();
   framed_keeps_alive();
 

@@ -93,6 +93,11 @@ HttpConnection::Peer HttpConnection::peer() const {
 }
 
 ssize_t HttpConnection::read(char* ptr, size_t size) {
+  if (body_left_ == 0) {
+    body_too_large_ = true;
+    return -1;
+  }
+  size = std::min(size, body_left_);
   if (consumed_ == buffer_.size()) {
     if (!is_readable()) return -1;
     buffer_.resize(kReadChunk);
@@ -107,6 +112,7 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
   const size_t n = std::min(size, buffer_.size() - consumed_);
   std::memcpy(ptr, buffer_.data() + consumed_, n);
   consumed_ += n;
+  if (body_left_ != SIZE_MAX) body_left_ -= n;
   return ssize_t(n);
 }
 
@@ -210,6 +216,7 @@ bool HttpServer::process_and_close_socket(int sock) {
   bool ok = false;
   for (size_t left = keep_alive_max_count_;
        left > 0 && connection.wait_for_request(seconds(keep_alive_timeout_sec_), stopping); --left) {
+    connection.limit_body(SIZE_MAX);
     bool client_closes = false;
     ok = process_request(connection, left == 1, client_closes, nullptr);
     if (!ok || client_closes || connection.closing()) break;

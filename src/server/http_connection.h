@@ -17,6 +17,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -50,6 +51,10 @@ class HttpConnection final : public httplib::Stream {
   // Ends the connection once the response being made is written.
   void close_after_response() { closing_ = true; }
   bool closing() const { return closing_; }
+  // Lets the request being read have at most `bytes` more of input (its body as sent, chunk
+  // framing included): a read past them fails, and body_too_large() says why.
+  void limit_body(size_t bytes) { body_left_ = bytes; }
+  bool body_too_large() const { return body_too_large_; }
   // Half-closes, reads what the client still sends (a refused body, a request after the last)
   // until it closes or a bound, then closes: closing with input unread would reset the connection.
   void close();
@@ -64,6 +69,8 @@ class HttpConnection final : public httplib::Stream {
   std::string buffer_;  // input read from the socket and not yet consumed
   size_t consumed_ = 0;
   bool closing_ = false;
+  size_t body_left_ = SIZE_MAX;  // SIZE_MAX: no limit
+  bool body_too_large_ = false;
 };
 
 // Ends the calling thread's connection once the response being made is written (and says so in

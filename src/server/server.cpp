@@ -169,6 +169,10 @@ struct Server::Impl {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (refuse_unframed(req, res)) return httplib::Server::HandlerResponse::Handled;
       if (carries_unread_body(req)) close_connection_after_response();
+      // httplib 0.11 holds a chunked body to no limit: its length is known only once it is read
+      if (HttpConnection* connection = HttpConnection::current();
+          connection && reads_body(req) && req.has_header("Transfer-Encoding"))
+        connection->limit_body(options.max_body_bytes);
       if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
       // a fixed set of labels: a client without a key must not add series (or text) to /metrics
       static const std::set<std::string> kEndpoints = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
@@ -188,6 +192,8 @@ struct Server::Impl {
           if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
           // httplib stops short of the body on any of its errors but an unknown path
           if (res.status != 404) close_connection_after_response();
+          if (const HttpConnection* connection = HttpConnection::current(); connection && connection->body_too_large())
+            res.status = 413;
           ApiError e{.status = res.status, .message = fmt::format("HTTP status {}", res.status)};
           if (res.status == 400) e.message = "malformed HTTP request (headers, chunked body or encoding)";
           if (res.status == 414) e.message = "the request line is too long";

@@ -263,7 +263,8 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
     for (bool more = true; more;) {
       more = gen->next(all, ids, kPoll);
       if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (more && client.closed()) {  // nobody is waiting for the answer (or the client half-closed)
+      if (more &&
+          client.closed()) {  // nobody is waiting for the answer (an HTTP/1.0 client that half-closed counts as gone)
         gen->cancel();
         return respond_json(res, 499,
                             anthropic_error(ApiError{.status = 499, .message = "the client closed the request"}));

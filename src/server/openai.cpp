@@ -369,8 +369,9 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
     }
   }
   if (tools) read_tools(fields, *tools);
-  bool parallel_tool_calls = true;  // not enforced: every call the model writes is returned
+  bool parallel_tool_calls = true;
   fields.boolean("parallel_tool_calls", parallel_tool_calls);
+  request.one_tool_call = !parallel_tool_calls;
   // a function named by tool_choice must be among the tools; the model is then shown that one
   json chosen_tools;
   if (const json* choice =

@@ -283,7 +283,8 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
   if (!generation.ok()) return ApiError{.status = 503, .type = "server_error", .message = generation.error().message};
   return std::make_unique<TextGeneration>(
       std::move(generation).value(), model_.tokenizer,
-      TextGenerationOptions{.stops = request.stops, .format = request.prompt.format});
+      TextGenerationOptions{
+          .stops = request.stops, .format = request.prompt.format, .one_tool_call = request.one_tool_call});
 }
 
 void Metrics::request(const std::string& endpoint, int status) {

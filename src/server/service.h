@@ -50,6 +50,9 @@ struct GenerationRequest {
   // (of call_name when set), forced where the answer begins
   bool call_required = false;
   std::string call_name;
+  // OpenAI's parallel_tool_calls: false (Anthropic's disable_parallel_tool_use): the answer ends
+  // with its first tool call
+  bool one_tool_call = false;
 };
 
 // Request and latency counters for /metrics.

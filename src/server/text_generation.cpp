@@ -20,7 +20,11 @@ std::string TokenText::flush() {
 
 TextGeneration::TextGeneration(std::shared_ptr<Generation> generation, std::shared_ptr<const Tokenizer> tokenizer,
                                TextGenerationOptions options)
-    : generation_(std::move(generation)), tokenizer_(tokenizer), stop_(options.stops), parser_(options.format) {
+    : generation_(std::move(generation)),
+      tokenizer_(tokenizer),
+      stop_(options.stops),
+      parser_(options.format),
+      one_tool_call_(options.one_tool_call) {
   if (tokenizer) text_ = std::make_unique<TokenText>(tokenizer, options.format.markers());
 }
 
@@ -31,8 +35,11 @@ TextGeneration::~TextGeneration() {
 void TextGeneration::add(OutputDelta& into, const OutputDelta& from) {
   into.content += from.content;
   into.reasoning += from.reasoning;
-  for (const auto& call : from.tool_calls) into.tool_calls.push_back(call);
-  tool_calls_ += int64_t(from.tool_calls.size());
+  for (const auto& call : from.tool_calls) {
+    if (one_tool_call_ && tool_calls_ > 0) break;
+    into.tool_calls.push_back(call);
+    ++tool_calls_;
+  }
 }
 
 bool TextGeneration::next(OutputDelta& delta, std::vector<int32_t>& ids, std::chrono::milliseconds timeout,
@@ -52,6 +59,13 @@ bool TextGeneration::next(OutputDelta& delta, std::vector<int32_t>& ids, std::ch
       finished_ = true;
       reason_ = FinishReason::stop;
       add(delta, parser_.finish());
+      return false;
+    }
+    if (one_tool_call_ && tool_calls_ > 0) {
+      // the one call asked for is complete: what the model writes after it is not wanted
+      generation_->cancel();
+      finished_ = true;
+      reason_ = FinishReason::stop;
       return false;
     }
   }

@@ -33,6 +33,7 @@ class TokenText {
 struct TextGenerationOptions {
   std::vector<std::string> stops;
   OutputFormat format;  // tools == none and no think markers: everything is content
+  bool one_tool_call = false;  // the generation ends once a tool call is complete
 };
 
 class TextGeneration {
@@ -73,6 +74,7 @@ class TextGeneration {
   std::string error_;
   int64_t tokens_ = 0;
   int64_t tool_calls_ = 0;
+  bool one_tool_call_ = false;
 };
 
 }  // namespace kiln::server

@@ -473,6 +473,14 @@ TEST(ChatCompletionsChecks, FieldsOfTheWrongTypeAreRefused) {
   for (const auto& [field, value] :
        std::vector<std::pair<std::string, std::string>>{{"parallel_tool_calls", "false"}, {"user", "\"u-1\""}})
     EXPECT_TRUE(passes_checks(post(handle_chat_completions, with(hi, field, value)))) << field;
+  // the deprecated forms of tools are refused, not ignored
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"functions", R"([{"name": "f", "parameters": {}}])"}, {"function_call", "\"auto\""}}) {
+    const Answer legacy = post(handle_chat_completions, with(hi, field, value));
+    EXPECT_EQ(legacy.status, 400);
+    EXPECT_EQ(legacy.param, field);
+    EXPECT_EQ(legacy.message, "'" + field + "' is not supported: use 'tools' and 'tool_choice'");
+  }
   const Answer a = post(handle_chat_completions, R"({"messages": [{"role": "user", "content": "hi"}], "stream": true,
                                                      "stream_options": {"include_usage": 1}})");
   EXPECT_EQ(a.param, "stream_options.include_usage");

@@ -369,6 +369,10 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
     }
   }
   if (tools) read_tools(fields, *tools);
+  // OpenAI's deprecated forms of tools: ignored, the model would never see the functions
+  for (const char* legacy : {"functions", "function_call"})
+    if (body.contains(legacy) && !body[legacy].is_null())
+      fields.fail(legacy, fmt::format("'{}' is not supported: use 'tools' and 'tool_choice'", legacy));
   bool parallel_tool_calls = true;
   fields.boolean("parallel_tool_calls", parallel_tool_calls);
   request.one_tool_call = !parallel_tool_calls;

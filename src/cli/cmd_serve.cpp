@@ -147,6 +147,10 @@ void add_serve_command(CLI::App& app, Action& action) {
                   "Requests waiting for a batch slot before new ones get 503 (0: as many as the HTTP threads allow)")
       ->check(non_negative_number());
   cmd->add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted")->capture_default_str();
+  cmd->add_option("--read-timeout", o->http.read_timeout_s,
+                  "Seconds a client may pause mid-request before it is dropped")
+      ->capture_default_str()
+      ->check(number_in(1, 3600));
   cmd->add_option("--served-model-name", o->served_name, "The model id clients use (default: the directory name)");
   cmd->add_option("--grace", o->grace_seconds, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()

@@ -150,7 +150,7 @@ struct Server::Impl {
   void routes() {
     http.set_payload_max_length(options.max_body_bytes);
     // a client that stalls mid-request holds a thread only this long
-    http.set_read_timeout(10, 0);
+    http.set_read_timeout(options.read_timeout_s, 0);
     http.set_write_timeout(60, 0);
     // every request holds a thread until it is answered, queued ones included
     const int64_t batch = service.scheduler().options().max_batch;

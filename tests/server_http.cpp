@@ -1,7 +1,9 @@
 // kiln_server_http: HTTP/1.1 at the byte level against a running `kiln serve` (bare fixture: prompts
 // are token ids), over raw sockets, where an HTTP client library would hide what is checked.
 //
-//   kiln_server_http --url http://127.0.0.1:PORT
+//   kiln_server_http [--read-timeout SECONDS] --url http://127.0.0.1:PORT
+//
+// --read-timeout must be the server's own (its --read-timeout).
 //
 // Each case sends bytes, reads what comes back until the server closes or a deadline passes, and
 // checks the responses, how long they took and whether the connection was closed.
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -27,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 std::string g_host = "127.0.0.1", g_port = "8080";
+double g_read_timeout = 10;  // the server's --read-timeout
 int g_failures = 0;
 
 void check(bool ok, const std::string& what, const std::string& detail = "") {
@@ -91,6 +95,23 @@ class Socket {
  private:
   int fd_ = -1;
 };
+
+// Sends `bytes` a byte every `gap_s` seconds (less than the read timeout, so no single read
+// stalls), reading what comes back in between, until the server closes the connection, all is
+// sent, or `for_s` seconds have passed.
+Socket::Received trickle(const Socket& s, const std::string& bytes, double gap_s, double for_s) {
+  Socket::Received r;
+  const auto start = Clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  for (size_t i = 0; i < bytes.size() && !r.closed && elapsed() < for_s; ++i) {
+    s.send(bytes.substr(i, 1));
+    const auto got = s.receive(gap_s);
+    r.bytes += got.bytes;
+    r.closed = got.closed;
+  }
+  r.seconds = elapsed();
+  return r;
+}
 
 struct Reply {
   int status = 0;
@@ -325,12 +346,68 @@ void framed_keeps_alive() {
         "a well-framed request, even with a bad body, keeps its connection", statuses(replies));
 }
 
+// A request's head must arrive within the read timeout in all, and its body at a least rate: a
+// client that sends a byte at a time, each within the read timeout, gets 408 and its connection
+// closed once the deadline passes, rather than holding its thread for as long as it likes. A body
+// cut short gets 408 too once the read timeout passes without input.
+void request_deadlines() {
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n";
+  const std::string full = post("/v1/completions", kCompletion);
+  const std::string body_head = full.substr(0, full.size() - kCompletion.size());
+  const double gap = g_read_timeout / 4;
+  struct Case {
+    const char* what;
+    std::string at_once, trickled;  // sent at once, then a byte every `gap`
+  };
+  const std::vector<Case> cases = {
+      {"a request line sent a byte at a time", "", head},
+      {"headers sent a byte at a time", "POST /v1/completions HTTP/1.1\r\n",
+       "Host: kiln\r\nX-Padding: " + std::string(64, 'x')},
+      {"a body sent a byte at a time", body_head, kCompletion},
+  };
+  for (const auto& c : cases) {
+    Socket s;
+    s.send(c.at_once);
+    const auto got = trickle(s, c.trickled, gap, 3 * g_read_timeout);
+    const auto replies = final_replies(got.bytes);
+    check(replies.size() == 1 && replies[0].status == 408 && got.closed && got.seconds < g_read_timeout + 1.5 &&
+              json::parse(replies[0].body, nullptr, false).contains("error"),
+          std::string(c.what) + " gets 408 and its connection closed after the read timeout",
+          statuses(replies) + (got.closed ? " closed" : " open") + " after " + std::to_string(got.seconds) + " s");
+  }
+  {
+    Socket s;
+    s.send(body_head + kCompletion.substr(0, kCompletion.size() / 2));
+    const auto got = s.receive(g_read_timeout + 3);
+    const auto replies = final_replies(got.bytes);
+    check(replies.size() == 1 && replies[0].status == 408 && replies[0].header("connection") == "close" && got.closed,
+          "a body shorter than its Content-Length gets 408 and its connection closed",
+          statuses(replies) + " after " + std::to_string(got.seconds) + " s");
+  }
+  {
+    // pauses shorter than the read timeout, in a head and a body each sent within their bounds
+    Socket s;
+    const auto pause = std::chrono::duration<double>(0.3 * g_read_timeout);
+    s.send(body_head.substr(0, 20));
+    std::this_thread::sleep_for(pause);
+    s.send(body_head.substr(20));
+    std::this_thread::sleep_for(pause);
+    s.send(kCompletion.substr(0, 10));
+    std::this_thread::sleep_for(pause);
+    s.send(kCompletion.substr(10));
+    const auto replies = final_replies(s.receive(5).bytes);
+    check(replies.size() == 1 && replies[0].status == 200, "a request sent in pieces within its deadlines is answered",
+          statuses(replies));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string url = "http://127.0.0.1:8080";
   CLI::App app{"kiln_server_http: HTTP/1.1 framing against a kiln server, over raw sockets"};
   app.add_option("--url", url)->capture_default_str();
+  app.add_option("--read-timeout", g_read_timeout, "The server's --read-timeout")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const size_t host_at = url.find("://") == std::string::npos ? 0 : url.find("://") + 3;
   const size_t colon = url.rfind(':');
@@ -348,6 +425,7 @@ int main(int argc, char** argv) {
   chunked_bodies();
   unread_body_closes();
   framed_keeps_alive();
+  request_deadlines();
 
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;

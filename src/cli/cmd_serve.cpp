@@ -148,7 +148,7 @@ void add_serve_command(CLI::App& app, Action& action) {
       ->check(non_negative_number());
   cmd->add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body accepted")->capture_default_str();
   cmd->add_option("--read-timeout", o->http.read_timeout_s,
-                  "Seconds a client may pause mid-request before it is dropped")
+                  "Seconds a request's headers may take, and any pause in it, before it gets 408")
       ->capture_default_str()
       ->check(number_in(1, 3600));
   cmd->add_option("--served-model-name", o->served_name, "The model id clients use (default: the directory name)");

@@ -71,7 +71,25 @@ HttpConnection* HttpConnection::current() {
 }
 
 bool HttpConnection::is_readable() const {
-  return consumed_ < buffer_.size() || wait_ready(fd_, POLLIN, read_timeout_);
+  return consumed_ < buffer_.size() || wait_ready(fd_, POLLIN, read_wait());
+}
+
+HttpConnection::Duration HttpConnection::read_wait() const {
+  const auto left = std::chrono::duration_cast<Duration>(deadline_ - Clock::now());
+  return std::clamp(left, Duration::zero(), read_timeout_);
+}
+
+void HttpConnection::begin_request() {
+  deadline_ = Clock::now() + read_timeout_;
+  in_body_ = false;
+  timed_out_ = false;
+  body_left_ = SIZE_MAX;
+  body_too_large_ = false;
+}
+
+void HttpConnection::begin_body() {
+  deadline_ = Clock::now() + read_timeout_;
+  in_body_ = true;
 }
 
 // A client that has stopped sending may still read: only one that is gone is not written to.
@@ -99,7 +117,13 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
   }
   size = std::min(size, body_left_);
   if (consumed_ == buffer_.size()) {
-    if (!is_readable()) return -1;
+    // Past its deadline, or after a pause of the read timeout, the request's input ends. Ended
+    // rather than failed: httplib then parses the partial line it holds and answers (400, made
+    // 408), where a failed read in the request line would drop the connection without a word.
+    if (Clock::now() >= deadline_ || !is_readable()) {
+      timed_out_ = true;
+      return 0;
+    }
     buffer_.resize(kReadChunk);
     ssize_t n = 0;
     do {
@@ -113,6 +137,7 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
   std::memcpy(ptr, buffer_.data() + consumed_, n);
   consumed_ += n;
   if (body_left_ != SIZE_MAX) body_left_ -= n;
+  if (in_body_) deadline_ += std::chrono::duration_cast<Duration>(std::chrono::seconds(n)) / kMinBodyBytesPerSecond;
   return ssize_t(n);
 }
 
@@ -216,7 +241,7 @@ bool HttpServer::process_and_close_socket(int sock) {
   bool ok = false;
   for (size_t left = keep_alive_max_count_;
        left > 0 && connection.wait_for_request(seconds(keep_alive_timeout_sec_), stopping); --left) {
-    connection.limit_body(SIZE_MAX);
+    connection.begin_request();
     bool client_closes = false;
     ok = process_request(connection, left == 1, client_closes, nullptr);
     if (!ok || client_closes || connection.closing()) break;

@@ -9,6 +9,10 @@
 //    answer it was sent.
 // HttpServer keeps httplib's request handling (process_request) and replaces that loop.
 //
+// Each request has a deadline here too. httplib's read timeout bounds one read, so a client
+// sending a byte every few seconds held a thread for as long as it liked; a request whose input
+// runs past its deadline gets 408 and its connection is closed.
+//
 // A request's framing (RFC 9112 §6) is checked here too, before httplib reads its body: httplib
 // 0.11 reads a body without Content-Length until the client closes, waits for all of an oversize
 // body before refusing it, and takes a negative or malformed length for a huge or empty one.
@@ -23,6 +27,12 @@
 #include <string>
 
 namespace kiln::server {
+
+// The least rate at which a request body must arrive, in bytes per second (over a start of the
+// read timeout). 16 KiB/s is 128 kbit/s, slower than any link a prompt is sent over in earnest,
+// and lets the default 8 MiB body take 9 minutes; a client that trickles bodies to hold the
+// server's threads needs that much bandwidth for each thread held, not only patience.
+inline constexpr size_t kMinBodyBytesPerSecond = 16 << 10;
 
 // One client connection, as the stream httplib reads requests from and writes responses to. It
 // lives as long as the connection: input read past one request is the next one's.
@@ -48,6 +58,15 @@ class HttpConnection final : public httplib::Stream {
 
   // Waits up to `idle` for the next request to begin; false when none does, or once `stopping`.
   bool wait_for_request(Duration idle, const std::function<bool()>& stopping) const;
+  // A request begins: its head (request line and headers) must have arrived within the read
+  // timeout, in all.
+  void begin_request();
+  // Its head has been read: its body must arrive at kMinBodyBytesPerSecond or more, after a
+  // start of the read timeout.
+  void begin_body();
+  // Whether the request's input ran past its deadline, or paused for the read timeout. Past
+  // either, its input reads as ended: httplib then answers 400, which kiln makes 408.
+  bool timed_out() const { return timed_out_; }
   // Ends the connection once the response being made is written.
   void close_after_response() { closing_ = true; }
   bool closing() const { return closing_; }
@@ -64,8 +83,14 @@ class HttpConnection final : public httplib::Stream {
   static HttpConnection* current();
 
  private:
+  // How long a read may wait for input: the read timeout, or less as the deadline nears.
+  Duration read_wait() const;
+
   int fd_;
   Duration read_timeout_, write_timeout_;
+  std::chrono::steady_clock::time_point deadline_;  // of the request being read
+  bool in_body_ = false;
+  bool timed_out_ = false;
   std::string buffer_;  // input read from the socket and not yet consumed
   size_t consumed_ = 0;
   bool closing_ = false;

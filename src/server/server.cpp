@@ -167,6 +167,8 @@ struct Server::Impl {
       return res.status;
     });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // the head is read (and any 100 Continue written): the body's time starts
+      if (HttpConnection* connection = HttpConnection::current()) connection->begin_body();
       if (refuse_unframed(req, res)) return httplib::Server::HandlerResponse::Handled;
       if (carries_unread_body(req)) close_connection_after_response();
       // httplib 0.11 holds a chunked body to no limit: its length is known only once it is read
@@ -186,7 +188,8 @@ struct Server::Impl {
       if (reads_body(req)) close_connection_after_response();  // refused unread
       return httplib::Server::HandlerResponse::Handled;
     });
-    // statuses httplib sets itself (413 body too large, 404 unknown path, 400 bad HTTP) get an error body
+    // statuses httplib sets itself (413 body too large, 404 unknown path, 400 bad HTTP or a
+    // request cut short, made 408 when its time ran out) get an error body
     http.set_error_handler(
         httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
           if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
@@ -194,8 +197,15 @@ struct Server::Impl {
           if (res.status != 404) close_connection_after_response();
           if (const HttpConnection* connection = HttpConnection::current(); connection && connection->body_too_large())
             res.status = 413;
+          else if (connection && connection->timed_out())
+            res.status = 408;
           ApiError e{.status = res.status, .message = fmt::format("HTTP status {}", res.status)};
           if (res.status == 400) e.message = "malformed HTTP request (headers, chunked body or encoding)";
+          if (res.status == 408)
+            e.message = fmt::format(
+                "the request did not arrive in time (headers within {} s, the body at {} KiB/s or more, no pause "
+                "of {} s)",
+                options.read_timeout_s, kMinBodyBytesPerSecond >> 10, options.read_timeout_s);
           if (res.status == 414) e.message = "the request line is too long";
           if (res.status == 415) e.message = "unsupported Content-Encoding (send the body uncompressed)";
           if (res.status == 413) e.message = fmt::format("the request body exceeds {} bytes", options.max_body_bytes);

@@ -19,7 +19,8 @@ struct ServerOptions {
   int port = 8080;      // 0: any free port
   std::string api_key;  // empty: no authentication
   size_t max_body_bytes = 8 << 20;
-  // A request's headers must arrive within this, and its input may pause no longer than this.
+  // A request's headers must arrive within this, its body at kMinBodyBytesPerSecond after a
+  // start of this, and its input may pause no longer than this (or it gets 408).
   int read_timeout_s = 10;
   int http_threads = 0;  // 0: enough for every batch slot, a queue and spare
   // Requests that wait for a batch slot before new ones get 503 (0: what the HTTP threads allow

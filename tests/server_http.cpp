@@ -255,6 +255,20 @@ void closed_client_cancels() {
   }
 }
 
+// The 499 a client gone before its answer gets says what it is (nginx's name for it), not
+// "Internal Server Error". An HTTP/1.0 client that half-closes counts as gone, and reads it.
+void client_closed_request() {
+  const std::string body = R"({"prompt":[1,2,3],"max_tokens":4000,"temperature":0})";
+  Socket s;
+  s.send("POST /v1/completions HTTP/1.0\r\nHost: kiln\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+         body);
+  s.half_close();
+  const auto got = s.receive(5);
+  const std::string status_line = got.bytes.substr(0, got.bytes.find("\r\n"));
+  check(status_line == "HTTP/1.1 499 Client Closed Request" && final_replies(got.bytes).size() == 1,
+        "a 499 is sent as 499 Client Closed Request", status_line);
+}
+
 // A request whose body cannot be read as framed is answered at once (the server would wait 10 s
 // for more input), without its body being read, and its connection is closed after the answer.
 void refused_framing() {
@@ -421,6 +435,7 @@ int main(int argc, char** argv) {
   pipelined();
   half_closed();
   closed_client_cancels();
+  client_closed_request();
   refused_framing();
   chunked_bodies();
   unread_body_closes();

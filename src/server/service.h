@@ -53,6 +53,9 @@ struct GenerationRequest {
   // OpenAI's parallel_tool_calls: false (Anthropic's disable_parallel_tool_use): the answer ends
   // with its first tool call
   bool one_tool_call = false;
+  // Anthropic's thinking.budget_tokens (vLLM's thinking_token_budget): the reasoning is closed
+  // after this many tokens (-1: no cap; nothing to cap for a model without reasoning markup)
+  int64_t reasoning_budget = -1;
 };
 
 // Request and latency counters for /metrics.

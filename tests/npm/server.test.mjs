@@ -404,6 +404,7 @@ test('Anthropic Messages API: plain, streamed, tools, cache and errors', async (
     [{ tool_choice: { type: 'sometimes' } }, /tool_choice/],
     [{ tools: [{ name: 'get_weather' }] }, /tools\[0\]\.input_schema/],
     [{ thinking: { type: 'enabled' } }, /thinking\.budget_tokens/],
+    [{ thinking: { type: 'enabled', budget_tokens: 1024 } }, /must be greater than 'thinking\.budget_tokens'/],
     [{ stop_sequences: 'END' }, /stop_sequences/],
     [{ messages: [{ role: 'user', content: [] }] }, /messages\[0\]\.content: all messages must have non-empty content/],
   ]) {

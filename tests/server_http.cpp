@@ -287,8 +287,16 @@ void client_closed_request() {
         "a 499 is sent as 499 Client Closed Request", status_line);
 }
 
-// A request whose body cannot be read as framed is answered at once (the server would wait 10 s
-// for more input), without its body being read, and its connection is closed after the answer.
+// `count` headers of ~25 bytes each.
+std::string many_headers(int count) {
+  std::string out;
+  for (int i = 0; i < count; ++i) out += "X-Filler-" + std::to_string(i) + ": 0123456789\r\n";
+  return out;
+}
+
+// A request whose body cannot be read as framed, or whose headers are too large, is answered at
+// once (the server would wait 10 s for more input), without its body being read, and its
+// connection is closed after the answer.
 void refused_framing() {
   struct Case {
     const char* what;
@@ -296,6 +304,7 @@ void refused_framing() {
     int status;
   };
   const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n";
+  const std::string framed = "Content-Length: " + std::to_string(kCompletion.size()) + "\r\n\r\n" + kCompletion;
   const std::vector<Case> cases = {
       {"a POST without Content-Length", head + "\r\n" + kCompletion, 411},
       {"a Content-Length over --max-body-bytes (body not sent)", head + "Content-Length: 1000000000\r\n\r\n", 413},
@@ -310,6 +319,8 @@ void refused_framing() {
       {"a Transfer-Encoding other than chunked", head + "Transfer-Encoding: gzip, chunked\r\n\r\n", 400},
       {"an oversize body announced with Expect: 100-continue",
        head + "Expect: 100-continue\r\nContent-Length: 1000000000\r\n\r\n", 413},
+      {"headers over 64 KiB (3,000 of them)", head + many_headers(3000) + framed, 431},
+      {"one header of 70 KB", head + "X-Long: " + std::string(70000, 'a') + "\r\n" + framed, 431},
   };
   for (const auto& c : cases) {
     Socket s;

@@ -101,6 +101,8 @@ void HttpConnection::begin_request() {
   status_line_due_ = true;
   body_left_ = SIZE_MAX;
   body_too_large_ = false;
+  head_bytes_ = 0;
+  head_too_large_ = false;
 }
 
 void HttpConnection::begin_body() {
@@ -132,6 +134,13 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
     return -1;
   }
   size = std::min(size, body_left_);
+  if (!in_body_) {
+    if (head_bytes_ >= kMaxHeadBytes) {
+      head_too_large_ = true;
+      return 0;
+    }
+    size = std::min(size, kMaxHeadBytes - head_bytes_);
+  }
   if (consumed_ == buffer_.size()) {
     // Past its deadline, or after a pause of the read timeout, the request's input ends. Ended
     // rather than failed: httplib then parses the partial line it holds and answers (400, made
@@ -152,6 +161,7 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
   const size_t n = std::min(size, buffer_.size() - consumed_);
   std::memcpy(ptr, buffer_.data() + consumed_, n);
   consumed_ += n;
+  if (!in_body_) head_bytes_ += n;
   if (body_left_ != SIZE_MAX) body_left_ -= n;
   if (in_body_) deadline_ += std::chrono::duration_cast<Duration>(std::chrono::seconds(n)) / kMinBodyBytesPerSecond;
   return ssize_t(n);

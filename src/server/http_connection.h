@@ -37,6 +37,11 @@ namespace kiln::server {
 // server's threads needs that much bandwidth for each thread held, not only patience.
 inline constexpr size_t kMinBodyBytesPerSecond = 16 << 10;
 
+// The most a request's head (its request line and headers) may hold. httplib 0.11 keeps every
+// header it reads, with no bound of its own; 64 KiB is twice what nginx takes by default and far
+// more than any API client sends.
+inline constexpr size_t kMaxHeadBytes = 64 << 10;
+
 // One client connection, as the stream httplib reads requests from and writes responses to. It
 // lives as long as the connection: input read past one request is the next one's.
 class HttpConnection final : public httplib::Stream {
@@ -77,6 +82,9 @@ class HttpConnection final : public httplib::Stream {
   // framing included): a read past them fails, and body_too_large() says why.
   void limit_body(size_t bytes) { body_left_ = bytes; }
   bool body_too_large() const { return body_too_large_; }
+  // Whether the request's head ran past kMaxHeadBytes; its input then reads as ended (httplib
+  // answers 400, which kiln makes 431).
+  bool head_too_large() const { return head_too_large_; }
   // Half-closes, reads what the client still sends (a refused body, a request after the last)
   // until it closes or a bound, then closes: closing with input unread would reset the connection.
   void close();
@@ -102,6 +110,8 @@ class HttpConnection final : public httplib::Stream {
   bool closing_ = false;
   size_t body_left_ = SIZE_MAX;  // SIZE_MAX: no limit
   bool body_too_large_ = false;
+  size_t head_bytes_ = 0;  // of the request being read, while its head is
+  bool head_too_large_ = false;
 };
 
 // Ends the calling thread's connection once the response being made is written (and says so in

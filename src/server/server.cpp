@@ -192,7 +192,8 @@ struct Server::Impl {
       return httplib::Server::HandlerResponse::Handled;
     });
     // statuses httplib sets itself (413 body too large, 404 unknown path, 400 bad HTTP or a
-    // request cut short, made 408 when its time ran out) get an error body
+    // request cut short, made 408 when its time ran out and 431 when its head was too large) get
+    // an error body
     http.set_error_handler(
         httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
           if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
@@ -200,6 +201,8 @@ struct Server::Impl {
           if (res.status != 404) close_connection_after_response();
           if (const HttpConnection* connection = HttpConnection::current(); connection && connection->body_too_large())
             res.status = 413;
+          else if (connection && connection->head_too_large())
+            res.status = 431;
           else if (connection && connection->timed_out())
             res.status = 408;
           ApiError e{.status = res.status, .message = fmt::format("HTTP status {}", res.status)};
@@ -210,6 +213,7 @@ struct Server::Impl {
                 "of {} s)",
                 options.read_timeout_s, kMinBodyBytesPerSecond >> 10, options.read_timeout_s);
           if (res.status == 414) e.message = "the request line is too long";
+          if (res.status == 431) e.message = fmt::format("the request's headers exceed {} KiB", kMaxHeadBytes >> 10);
           if (res.status == 415) e.message = "unsupported Content-Encoding (send the body uncompressed)";
           if (res.status == 413) e.message = fmt::format("the request body exceeds {} bytes", options.max_body_bytes);
           if (res.status == 404) e.message = fmt::format("no endpoint {} {}", req.method, req.path);

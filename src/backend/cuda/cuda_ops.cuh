@@ -60,7 +60,7 @@ void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t
 // Whether attention() takes this head dim and number of query heads per KV head on this device.
 bool attention_supported(int head_dim, int group);
 
-// cuda_recurrent.cu
+// cuda_causal_conv.cu, cuda_delta_rule.cu
 constexpr int kMaxConvKernel = 8;  // taps of the causal conv's window
 void causal_conv1d(const CausalConvArgs& args, cudaStream_t stream);
 // With args.norm_weight, the decode kernel takes the output norm, counting each (sequence, head) on

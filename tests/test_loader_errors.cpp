@@ -305,6 +305,13 @@ TEST(LoaderErrors, ConfigValuesOutOfRange) {
       {"gemma4_dense", [](nlohmann::json& c) { c["sliding_window"] = 0; }, "sliding_window"},
       {"gemma4_dense", [](nlohmann::json& c) { c["per_layer_config"]["2"]["head_dim"] = 0; }, "one head_dim"},
       {"gemma4_dense", [](nlohmann::json& c) { c["final_logit_softcapping"] = 0; }, "final_logit_softcapping"},
+      // integers past an int: they were cut to 32 bits (2^59 + 4 heads loaded as 4) or wrapped
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["num_attention_heads"] = (int64_t(1) << 59) + 4; },
+       "'num_attention_heads' is 576460752303423492, beyond"},
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["linear_num_value_heads"] = (int64_t(1) << 32) + 4; },
+       "'linear_num_value_heads' is 4294967300, beyond"},
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["head_dim"] = uint64_t(1) << 63; }, "'head_dim' is"},
+      {"gemma4_dense", [](nlohmann::json& c) { c["vocab_size"] = 1e30; }, "'vocab_size' is"},
   };
   for (const Case& c : cases) {
     TempDir tmp;

@@ -1,11 +1,32 @@
 #include "io/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "core/files.h"
 
 namespace kiln {
+
+namespace {
+
+// A config value as an integer kiln can hold in an int anywhere it goes (a size, a count, an id);
+// nothing when it is not an integer or lies beyond that. Whole floats (`4.0`) count as integers.
+std::optional<int64_t> integer_in_range(const nlohmann::json& v) {
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>() <= uint64_t(kMaxConfigInteger) ? std::optional(int64_t(v.get<uint64_t>())) : std::nullopt;
+  if (v.is_number_integer()) {
+    const int64_t n = v.get<int64_t>();
+    return n >= -kMaxConfigInteger && n <= kMaxConfigInteger ? std::optional(n) : std::nullopt;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::trunc(d) == d && d >= -double(kMaxConfigInteger) && d <= double(kMaxConfigInteger)) return int64_t(d);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 const nlohmann::json* ConfigReader::find(const std::string& key, const char* kind) {
   if (!has(key)) return nullptr;
@@ -23,9 +44,11 @@ int64_t ConfigReader::get_int(const std::string& key, std::optional<int64_t> fal
     if (!fallback) fail("missing integer '" + key + "'");
     return fallback.value_or(0);
   }
-  if (v->is_number_integer()) return v->get<int64_t>();
-  if (v->is_number_float() && v->get<double>() == double(int64_t(v->get<double>()))) return int64_t(v->get<double>());
-  fail("'" + key + "' must be an integer, got " + v->dump());
+  if (auto n = integer_in_range(*v)) return *n;
+  if (v->is_number_integer() || (v->is_number_float() && std::trunc(v->get<double>()) == v->get<double>()))
+    fail(fmt::format("'{}' is {}, beyond the {} kiln takes", key, v->dump(), kMaxConfigInteger));
+  else
+    fail("'" + key + "' must be an integer, got " + v->dump());
   return fallback.value_or(0);
 }
 
@@ -84,7 +107,11 @@ std::vector<int64_t> ConfigReader::get_ints(const std::string& key) {
   const auto* v = find(key, "list");
   std::vector<int64_t> out;
   if (!v) return out;
-  if (v->is_number_integer()) return {v->get<int64_t>()};
+  if (v->is_number_integer()) {
+    if (auto n = integer_in_range(*v)) return {*n};
+    fail(fmt::format("'{}' is {}, beyond the {} kiln takes", key, v->dump(), kMaxConfigInteger));
+    return out;
+  }
   if (!v->is_array()) {
     fail("'" + key + "' must be a list of integers");
     return out;
@@ -94,7 +121,12 @@ std::vector<int64_t> ConfigReader::get_ints(const std::string& key) {
       fail("'" + key + "' must be a list of integers");
       return {};
     }
-    out.push_back(e.get<int64_t>());
+    auto n = integer_in_range(e);
+    if (!n) {
+      fail(fmt::format("'{}' holds {}, beyond the {} kiln takes", key, e.dump(), kMaxConfigInteger));
+      return {};
+    }
+    out.push_back(*n);
   }
   return out;
 }

@@ -1,6 +1,7 @@
 // config.json access with errors that name the file and key.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -9,6 +10,10 @@
 #include "core/status.h"
 
 namespace kiln {
+
+// The largest integer a config field may hold: sizes and counts go into ints and int products,
+// and a larger value is a broken file, not a geometry.
+inline constexpr int64_t kMaxConfigInteger = INT32_MAX;
 
 // Reads typed fields from one JSON object. The first failure is remembered and returned by
 // status(), so a config struct can be filled field by field and checked once.

@@ -69,6 +69,33 @@ TEST(Errors, InvalidUtf8WithRealTokenizer) {
   expect_one_line_error(status_of(qwen->encode("hello \xf0\x9f\x98 world")), "offset 6");
 }
 
+// Sequences of components nested thousands deep overflowed the stack as they were built; past 64
+// levels they are refused by name, and a few levels still load.
+TEST(Errors, DeeplyNestedSequencesAreRefused) {
+  const json vocab = {{"a", 0}, {"b", 1}};
+  struct Kind {
+    std::string section, list, leaf;
+  };
+  for (const Kind& k : std::vector<Kind>{{"normalizer", "normalizers", R"({"type": "NFC"})"},
+                                         {"pre_tokenizer", "pretokenizers", R"({"type": "ByteLevel"})"},
+                                         {"decoder", "decoders", R"({"type": "ByteLevel"})"},
+                                         {"post_processor", "processors", R"({"type": "ByteLevel"})"}}) {
+    auto nested = [&](int levels) {
+      std::string text;
+      for (int i = 0; i < levels; ++i) text += R"({"type": "Sequence", ")" + k.list + R"(": [)";
+      text += k.leaf;
+      for (int i = 0; i < levels; ++i) text += "]}";
+      return json{{k.section, json::parse(text)}};
+    };
+    std::string error;
+    EXPECT_EQ(toy_tokenizer(vocab, json::array(), nested(1000), &error), nullptr) << k.section;
+    EXPECT_NE(error.find(k.section + " Sequences nested deeper than 64"), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    error.clear();
+    EXPECT_NE(toy_tokenizer(vocab, json::array(), nested(3), &error), nullptr) << error;
+  }
+}
+
 TEST(Errors, DecodeSkipsIdsOutsideTheVocabulary) {
   auto tokenizer = small_tokenizer();
   ASSERT_TRUE(tokenizer);

@@ -9,6 +9,10 @@
 
 namespace kiln::tokenization {
 
+// Sequences of components hold Sequences; they are built recursively, so a file nesting them
+// thousands deep would overflow the stack. Real tokenizers nest one or two.
+inline constexpr int kMaxComponentNesting = 64;
+
 inline std::string type_of(const nlohmann::json& spec) {
   if (!spec.is_object()) return "";
   auto it = spec.find("type");

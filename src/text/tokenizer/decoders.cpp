@@ -243,15 +243,17 @@ Result<char32_t> single_char(const std::string& text, const char* what) {
 
 }  // namespace
 
-Result<std::unique_ptr<Decoder>> parse_decoder(const nlohmann::json& spec) {
+Result<std::unique_ptr<Decoder>> parse_decoder(const nlohmann::json& spec, int depth) {
   if (spec.is_null()) return std::unique_ptr<Decoder>();
   const std::string type = type_of(spec);
   if (type == "Sequence") {
+    if (depth >= kMaxComponentNesting)
+      return make_error("decoder Sequences nested deeper than {}", kMaxComponentNesting);
     auto it = spec.find("decoders");
     if (it == spec.end() || !it->is_array()) return make_error("decoder Sequence has no 'decoders' list");
     std::vector<std::unique_ptr<Decoder>> steps;
     for (const auto& step_spec : *it) {
-      KILN_ASSIGN(auto step, parse_decoder(step_spec));
+      KILN_ASSIGN(auto step, parse_decoder(step_spec, depth + 1));
       if (step) steps.push_back(std::move(step));
     }
     return std::unique_ptr<Decoder>(new SequenceDecoder(std::move(steps)));

@@ -25,6 +25,7 @@ class Decoder {
   virtual std::string describe() const = 0;
 };
 
-Result<std::unique_ptr<Decoder>> parse_decoder(const nlohmann::json& spec);
+// `depth`: how many Sequences hold this one (refused past kMaxComponentNesting).
+Result<std::unique_ptr<Decoder>> parse_decoder(const nlohmann::json& spec, int depth = 0);
 
 }  // namespace kiln::tokenization

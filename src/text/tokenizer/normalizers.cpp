@@ -122,15 +122,17 @@ class StripNormalizer final : public Normalizer {
 
 }  // namespace
 
-Result<std::unique_ptr<Normalizer>> parse_normalizer(const nlohmann::json& spec) {
+Result<std::unique_ptr<Normalizer>> parse_normalizer(const nlohmann::json& spec, int depth) {
   if (spec.is_null()) return std::unique_ptr<Normalizer>();
   const std::string type = type_of(spec);
   if (type == "Sequence") {
+    if (depth >= kMaxComponentNesting)
+      return make_error("normalizer Sequences nested deeper than {}", kMaxComponentNesting);
     auto it = spec.find("normalizers");
     if (it == spec.end() || !it->is_array()) return make_error("normalizer Sequence has no 'normalizers' list");
     std::vector<std::unique_ptr<Normalizer>> steps;
     for (const auto& step_spec : *it) {
-      KILN_ASSIGN(auto step, parse_normalizer(step_spec));
+      KILN_ASSIGN(auto step, parse_normalizer(step_spec, depth + 1));
       if (step) steps.push_back(std::move(step));
     }
     return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(steps)));

@@ -22,6 +22,7 @@ class Normalizer {
 };
 
 // nullptr for a null spec; an error naming the type for unsupported ones.
-Result<std::unique_ptr<Normalizer>> parse_normalizer(const nlohmann::json& spec);
+// `depth`: how many Sequences hold this one (refused past kMaxComponentNesting).
+Result<std::unique_ptr<Normalizer>> parse_normalizer(const nlohmann::json& spec, int depth = 0);
 
 }  // namespace kiln::tokenization

@@ -79,18 +79,20 @@ Result<std::unique_ptr<PostProcessor>> parse_cls_sep(const nlohmann::json& spec,
 
 }  // namespace
 
-Result<std::unique_ptr<PostProcessor>> parse_post_processor(const nlohmann::json& spec) {
+Result<std::unique_ptr<PostProcessor>> parse_post_processor(const nlohmann::json& spec, int depth) {
   if (spec.is_null()) return std::unique_ptr<PostProcessor>();
   const std::string type = type_of(spec);
   if (type == "TemplateProcessing") return parse_template(spec);
   if (type == "ByteLevel") return std::unique_ptr<PostProcessor>(new NoSpecialTokensProcessor());
   if (type == "BertProcessing" || type == "RobertaProcessing") return parse_cls_sep(spec, type);
   if (type == "Sequence") {
+    if (depth >= kMaxComponentNesting)
+      return make_error("post_processor Sequences nested deeper than {}", kMaxComponentNesting);
     auto it = spec.find("processors");
     if (it == spec.end() || !it->is_array()) return make_error("post_processor Sequence has no 'processors' list");
     std::vector<std::unique_ptr<PostProcessor>> steps;
     for (const auto& step_spec : *it) {
-      KILN_ASSIGN(auto step, parse_post_processor(step_spec));
+      KILN_ASSIGN(auto step, parse_post_processor(step_spec, depth + 1));
       if (step) steps.push_back(std::move(step));
     }
     return std::unique_ptr<PostProcessor>(new SequenceProcessor(std::move(steps)));

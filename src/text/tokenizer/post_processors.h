@@ -21,7 +21,8 @@ class PostProcessor {
   virtual std::string describe() const = 0;
 };
 
-Result<std::unique_ptr<PostProcessor>> parse_post_processor(const nlohmann::json& spec);
+// `depth`: how many Sequences hold this one (refused past kMaxComponentNesting).
+Result<std::unique_ptr<PostProcessor>> parse_post_processor(const nlohmann::json& spec, int depth = 0);
 
 // Adds fixed ids before and after the sequence (also used for tokenizer_config.json's
 // add_bos_token/add_eos_token when tokenizer.json has no post-processor).

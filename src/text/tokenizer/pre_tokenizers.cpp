@@ -310,15 +310,17 @@ class WhitespaceSplitPreTokenizer final : public PreTokenizer {
 
 }  // namespace
 
-Result<std::unique_ptr<PreTokenizer>> parse_pre_tokenizer(const nlohmann::json& spec) {
+Result<std::unique_ptr<PreTokenizer>> parse_pre_tokenizer(const nlohmann::json& spec, int depth) {
   if (spec.is_null()) return std::unique_ptr<PreTokenizer>();
   const std::string type = type_of(spec);
   if (type == "Sequence") {
+    if (depth >= kMaxComponentNesting)
+      return make_error("pre_tokenizer Sequences nested deeper than {}", kMaxComponentNesting);
     auto it = spec.find("pretokenizers");
     if (it == spec.end() || !it->is_array()) return make_error("pre_tokenizer Sequence has no 'pretokenizers' list");
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (const auto& step_spec : *it) {
-      KILN_ASSIGN(auto step, parse_pre_tokenizer(step_spec));
+      KILN_ASSIGN(auto step, parse_pre_tokenizer(step_spec, depth + 1));
       if (step) steps.push_back(std::move(step));
     }
     return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(steps)));

@@ -56,6 +56,7 @@ class PreTokenizer {
   virtual std::string describe() const = 0;
 };
 
-Result<std::unique_ptr<PreTokenizer>> parse_pre_tokenizer(const nlohmann::json& spec);
+// `depth`: how many Sequences hold this one (refused past kMaxComponentNesting).
+Result<std::unique_ptr<PreTokenizer>> parse_pre_tokenizer(const nlohmann::json& spec, int depth = 0);
 
 }  // namespace kiln::tokenization

@@ -95,6 +95,26 @@ TEST_F(CliGenerate, BadPromptsFailClearly) {
   }
 }
 
+// What would fail every turn of a chat fails at its start, once, with a non-zero exit: a system
+// message that is not UTF-8, a chat template that does not parse.
+TEST_F(CliGenerate, ChatRefusesAtStartWhatWouldFailEveryTurn) {
+  TempDir broken;
+  const std::string bad_template = broken.path() + "/model";
+  std::filesystem::copy(model_, bad_template);
+  std::ofstream(bad_template + "/chat_template.jinja") << "{% for";
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"chat " + model_ + " --system $'\\xff'", "--system is not valid UTF-8"},
+           {"chat " + bad_template, "the chat template does not render a conversation"},
+       }) {
+    auto r = run_command("printf 'hi\\n' | bash -c \"" + std::string(KILN_BINARY) + " " + args +
+                         " --max-tokens 2 --device cpu\" 2>&1");
+    EXPECT_NE(r.exit_code, 0) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("kiln: error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("kiln chat:"), std::string::npos) << "the chat started: " << r.output;
+  }
+}
+
 TEST_F(CliGenerate, ChatPrefillsOnlyTheNewTurn) {
   // a long first message: re-prefilling it on the second turn would show
   std::string first = "Hello";

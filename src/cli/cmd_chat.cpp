@@ -13,6 +13,7 @@
 
 #include "cli/default_model.h"
 #include "cli/generation.h"
+#include "text/tokenizer/unicode.h"
 
 namespace kiln::cli {
 
@@ -37,6 +38,18 @@ Status run_chat(const ChatOptions& o) {
   const int64_t context = o.generation.context > 0 ? o.generation.context : 8192;
   KILN_ASSIGN(auto session, TextSession::open(o.model_dir, *backend, context));
   if (!session->chat_template()) return make_error("{} has no chat template", o.model_dir);
+  // what would fail every turn fails here, once: a system message that is not text, a template
+  // that does not render a conversation
+  if (const size_t bad = tokenization::find_invalid_utf8(o.system); bad != tokenization::kNoPosition)
+    return make_error("--system is not valid UTF-8 (byte {} of it)", bad);
+  {
+    ChatRequest probe;
+    if (!o.system.empty()) probe.messages.push_back({{"role", "system"}, {"content", o.system}});
+    probe.messages.push_back({{"role", "user"}, {"content", "Hello"}});
+    probe.extra_variables["enable_thinking"] = o.enable_thinking;
+    if (auto text = session->chat_template()->render(probe); !text.ok())
+      return make_error("{}: the chat template does not render a conversation: {}", o.model_dir, text.error().message);
+  }
 
   struct sigaction action {};
   action.sa_handler = on_sigint;  // no SA_RESTART: Ctrl-C at the prompt interrupts the read

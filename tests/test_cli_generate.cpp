@@ -87,6 +87,9 @@ TEST_F(CliGenerate, BadPromptsFailClearly) {
            {"generate " + model_ + " --prompt ''", "prompt is empty"},
            {"generate " + model_ + " --prompt $'\\xff\\xfe'", "UTF-8"},
            {"generate " + model_ + " --prompt 'a long prompt of several words' --ctx 4", "context"},
+           // CLI11 read -1 as 2^64 - 1 and saturated longer numbers there
+           {"generate " + model_ + " --prompt hi --seed -1", "--seed: '-1' is not a whole number"},
+           {"generate " + model_ + " --prompt hi --seed 99999999999999999999999", "is beyond 18446744073709551615"},
        }) {
     auto r = run_command("bash -c \"" + std::string(KILN_BINARY) + " " + args + " --device cpu\" 2>&1");
     EXPECT_NE(r.exit_code, 0) << args;

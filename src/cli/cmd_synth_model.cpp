@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "io/synthetic.h"
 #include "models/model.h"
 
@@ -70,7 +71,7 @@ void add_synth_model_command(CLI::App& app, Action& action) {
   cmd->add_option("config_json", options->config, "config.json describing the geometry")->required();
   cmd->add_option("out_dir", options->out_dir, "Directory to write")->required();
   cmd->add_option("--dtype", options->dtype, "Weight type")->check(CLI::IsMember({"bf16", "f32"}));
-  cmd->add_option("--seed", options->seed, "Random seed");
+  cmd->add_option("--seed", options->seed, "Random seed")->check(unsigned_64());
   cmd->callback([options, &action] { action = [options] { return run_synth(*options); }; });
 }
 

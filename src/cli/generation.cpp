@@ -65,7 +65,7 @@ void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
          },
          "Add BIAS (-100 to 100) to token ID's logit before sampling (repeatable)")
       ->type_name("ID=BIAS");
-  cmd.add_option("--seed", o.sampling.seed, "Random seed (same seed, same output)");
+  cmd.add_option("--seed", o.sampling.seed, "Random seed (same seed, same output)")->check(unsigned_64());
   cmd.add_option("--stop", o.stops, "Stop when the text contains this (repeatable)");
   cmd.add_option("--ctx", o.context, "Context size in tokens (default: enough for the request)")
       ->check(non_negative_number());

@@ -40,4 +40,20 @@ inline CLI::Validator number_in(double lo, double hi) {
   return finite_number(lo, hi, false, fmt::format("within [{}, {}]", lo, hi));
 }
 
+// A whole number in [0, 2^64): CLI11 reads "-1" into an unsigned option as 2^64 - 1 and saturates
+// longer numbers there, so a seed of -1 and one of 2^64 - 1 gave the same output.
+inline CLI::Validator unsigned_64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        std::strtoull(text.c_str(), &end, 10);
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+          return fmt::format("'{}' is not a whole number from 0", text);
+        if (errno == ERANGE) return fmt::format("'{}' is beyond 18446744073709551615", text);
+        return "";
+      },
+      "", "unsigned 64-bit");
+}
+
 }  // namespace kiln::cli

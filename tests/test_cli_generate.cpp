@@ -90,6 +90,7 @@ TEST_F(CliGenerate, BadPromptsFailClearly) {
            // CLI11 read -1 as 2^64 - 1 and saturated longer numbers there
            {"generate " + model_ + " --prompt hi --seed -1", "--seed: '-1' is not a whole number"},
            {"generate " + model_ + " --prompt hi --seed 99999999999999999999999", "is beyond 18446744073709551615"},
+           {"generate " + model_ + " --prompt hi --stop $'\\xff'", "--stop: is not valid UTF-8"},
        }) {
     auto r = run_command("bash -c \"" + std::string(KILN_BINARY) + " " + args + " --device cpu\" 2>&1");
     EXPECT_NE(r.exit_code, 0) << args;

@@ -10,6 +10,7 @@
 #include "runtime/prefill.h"
 #include "runtime/sampling_defaults.h"
 #include "runtime/stop_strings.h"
+#include "text/tokenizer/unicode.h"
 
 namespace kiln::cli {
 
@@ -66,7 +67,15 @@ void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
          "Add BIAS (-100 to 100) to token ID's logit before sampling (repeatable)")
       ->type_name("ID=BIAS");
   cmd.add_option("--seed", o.sampling.seed, "Random seed (same seed, same output)")->check(unsigned_64());
-  cmd.add_option("--stop", o.stops, "Stop when the text contains this (repeatable)");
+  cmd.add_option("--stop", o.stops, "Stop when the text contains this (repeatable)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // the output is UTF-8: a stop string that is not could never match
+            if (const size_t bad = tokenization::find_invalid_utf8(text); bad != tokenization::kNoPosition)
+              return fmt::format("is not valid UTF-8 (byte {})", bad);
+            return "";
+          },
+          "", "UTF-8 text"));
   cmd.add_option("--ctx", o.context, "Context size in tokens (default: enough for the request)")
       ->check(non_negative_number());
 }

@@ -1,5 +1,5 @@
-// `kiln bench` run as a user runs it on a CPU: it finishes in seconds with its figures, and refuses
-// what the model cannot take.
+// `kiln bench` run as a user runs it on a CPU: it finishes in seconds with its figures, times its
+// ops when asked, and refuses what the model cannot take.
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -22,6 +22,22 @@ TEST(CliBench, FinishesQuicklyOnACpuWithItsFigures) {
   EXPECT_GT(j["prefill_tok_s"].get<double>(), 0.0);
   EXPECT_GT(j["decode_tok_s"].get<double>(), 0.0);
   EXPECT_EQ(j["context"].get<int64_t>(), 16 + 4 + 1);
+}
+
+// --profile times every op on a CPU as on a GPU (it printed empty tables there)
+TEST(CliBench, ProfilesOpsOnACpu) {
+  auto r = run_command(std::string(KILN_BINARY) + " bench " + fixture_path("qwen3_5_dense") +
+                           " --device cpu --threads 2 --prompt-len 8 --gen 2 --runs 1 --no-matmul-peak --profile",
+                       false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t prefill = r.output.find("prefill by op:"), decode = r.output.find("decode (", prefill);
+  ASSERT_NE(prefill, std::string::npos) << r.output;
+  ASSERT_NE(decode, std::string::npos) << r.output;
+  for (const char* op : {"matmul", "gated_delta", "causal_conv1d", "attention"}) {
+    const size_t in_prefill = r.output.find(std::string("  ") + op + " ", prefill);
+    EXPECT_LT(in_prefill, decode) << op << " missing from the prefill's table: " << r.output;
+    EXPECT_NE(r.output.find(std::string("  ") + op + " ", decode), std::string::npos) << op << ": " << r.output;
+  }
 }
 
 TEST(CliBench, RefusesMorePositionsThanTheModelHas) {

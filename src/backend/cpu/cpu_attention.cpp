@@ -10,6 +10,7 @@
 namespace kiln {
 
 void CpuBackend::rope(const RopeArgs& args) {
+  OpTimer timed(this, "rope");
   Tensor x = args.x;
   if (args.normalize)
     rms_norm(args.input.defined() ? args.input : x, args.norm_weight, args.norm_eps, args.norm_offset, x);
@@ -42,6 +43,7 @@ void CpuBackend::rope(const RopeArgs& args) {
 }
 
 void CpuBackend::kv_write(const KvWriteArgs& args) {
+  OpTimer timed(this, "kv_write");
   for (size_t s = 0; s < args.seqs.size(); ++s) {
     const SeqRows& seq = args.seqs[s];
     const KvCacheView& cache = args.caches[s];
@@ -64,6 +66,7 @@ void CpuBackend::kv_write(const KvWriteArgs& args) {
 }
 
 void CpuBackend::attention(const AttentionArgs& args) {
+  OpTimer timed(this, "attention");
   const int64_t hd = args.head_dim;
   const int64_t group = args.n_heads / args.n_kv_heads;
   // one task per (query row, head) across all sequences

@@ -170,6 +170,7 @@ void CpuBackend::fill(Tensor& t, float value) {
 }
 
 void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  OpTimer timed(this, w.quantized() ? "qmatmul" : "matmul");
   if (w.quantized()) return quantized_matmul(x, w, out);
   const int64_t m = x.rows(), k = x.cols(), n = w.numel() / k;
   // out is [m, n]: either its own last dim is n (row-strided allowed), or it is contiguous
@@ -182,6 +183,7 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
 }
 
 void CpuBackend::embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) {
+  OpTimer timed(this, table.quantized() ? "qembed" : "embed");
   if (table.quantized()) return quantized_embed(ids, table, scale, out);
   const int64_t n = ids.numel(), dim = table.cols(), vocab = table.dim(0);
   const int32_t* id = ids.data_as<int32_t>();
@@ -200,6 +202,7 @@ void CpuBackend::embed(const Tensor& ids, const Tensor& table, float scale, Tens
 }
 
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) {
+  OpTimer timed(this, "rms_norm");
   const int64_t cols = x.cols();
   const float* w = weight.defined() && weight.numel() ? weight.data_as<float>() : nullptr;
   pool_.parallel_for(
@@ -223,6 +226,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, floa
 }
 
 void CpuBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) {
+  OpTimer timed(this, "rms_norm_gated");
   const int64_t cols = x.cols();
   const float* w = weight.data_as<float>();
   pool_.parallel_for(
@@ -243,6 +247,7 @@ void CpuBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& 
 }
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, float scale, Tensor& out) {
+  OpTimer timed(this, "add");
   const int64_t cols = a.cols();
   pool_.parallel_for(
       a.rows(),
@@ -264,6 +269,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, float scale, Tensor& out)
 
 // The same arithmetic, in the same order, as rms_norm, add, scale and rms_norm one after the other.
 void CpuBackend::residual_norm(const ResidualNormArgs& args) {
+  OpTimer timed(this, "residual_norm");
   const int64_t cols = args.residual.cols();
   const float* block_w = args.block_norm.defined() ? args.block_norm.data_as<float>() : nullptr;
   const float offset = args.norm_offset, scale = args.scale;
@@ -300,6 +306,7 @@ void CpuBackend::residual_norm(const ResidualNormArgs& args) {
 }
 
 void CpuBackend::scale(const Tensor& x, float s, Tensor& out) {
+  OpTimer timed(this, "scale");
   const int64_t cols = x.cols();
   pool_.parallel_for(
       x.rows(),
@@ -315,6 +322,7 @@ void CpuBackend::scale(const Tensor& x, float s, Tensor& out) {
 }
 
 void CpuBackend::glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  OpTimer timed(this, "glu");
   const int64_t cols = gate.cols();
   pool_.parallel_for(
       gate.rows(),
@@ -335,6 +343,7 @@ void CpuBackend::glu(const Tensor& gate, const Tensor& up, Activation act, Tenso
 }
 
 void CpuBackend::sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) {
+  OpTimer timed(this, "sigmoid_mul");
   const int64_t cols = x.cols();
   pool_.parallel_for(
       x.rows(),
@@ -351,6 +360,7 @@ void CpuBackend::sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) {
 }
 
 void CpuBackend::add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) {
+  OpTimer timed(this, "add_sigmoid_gated");
   const int64_t cols = x.cols();
   pool_.parallel_for(
       x.rows(),
@@ -367,6 +377,7 @@ void CpuBackend::add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& g
 }
 
 void CpuBackend::softcap(Tensor& x, float cap) {
+  OpTimer timed(this, "softcap");
   const int64_t cols = x.cols();
   pool_.parallel_for(
       x.rows(),
@@ -380,6 +391,7 @@ void CpuBackend::softcap(Tensor& x, float cap) {
 }
 
 void CpuBackend::argmax(const Tensor& x, Tensor& out) {
+  OpTimer timed(this, "argmax");
   const int64_t cols = x.cols();
   int32_t* o = out.data_as<int32_t>();
   for (int64_t r = 0; r < x.rows(); ++r) {
@@ -389,6 +401,7 @@ void CpuBackend::argmax(const Tensor& x, Tensor& out) {
 }
 
 void CpuBackend::top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids) {
+  OpTimer timed(this, "top_k");
   const int64_t cols = logits.cols();
   std::vector<float> tempered(static_cast<size_t>(cols));
   std::vector<int32_t> order(static_cast<size_t>(cols));

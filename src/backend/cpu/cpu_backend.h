@@ -1,12 +1,14 @@
 // The CPU backend: f32 compute, multi-threaded; the reference implementation of every op.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "core/thread_pool.h"
 #include "ops/backend.h"
+#include "ops/op_profile.h"
 
 namespace kiln {
 
@@ -60,7 +62,37 @@ class CpuBackend final : public Backend {
 
   ThreadPool& pool() { return pool_; }
 
+  // Host time by op while profiling is on (the CPU's ops are synchronous).
+  void set_profiling(bool on) override {
+    profiling_ = on;
+    if (on) profile_.clear();
+  }
+  std::string profile_report() override {
+    std::string report = profile_.report();
+    profile_.clear();
+    return report;
+  }
+
  private:
+  // Adds its op's time to the profile when it goes out of scope, while profiling is on.
+  class OpTimer {
+   public:
+    OpTimer(CpuBackend* backend, const char* op)
+        : backend_(backend->profiling_ ? backend : nullptr), op_(op), start_(std::chrono::steady_clock::now()) {}
+    ~OpTimer() {
+      if (backend_)
+        backend_->profile_.add(
+            op_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count());
+    }
+    OpTimer(const OpTimer&) = delete;
+    OpTimer& operator=(const OpTimer&) = delete;
+
+   private:
+    CpuBackend* backend_;
+    const char* op_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
   // cpu_quant.cpp: the products and lookups of quantized weights
   void quantized_matmul(const Tensor& x, const Tensor& w, Tensor& out);
   void quantized_embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out);
@@ -70,6 +102,8 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   bool emulate_bf16_ = false;
+  bool profiling_ = false;
+  OpProfile profile_;
   // bf16 allocations (held as f32): start address -> end address
   std::shared_ptr<std::map<const char*, const char*>> bf16_regions_;
   std::shared_ptr<std::mutex> regions_mutex_;

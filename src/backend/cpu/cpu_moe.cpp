@@ -13,6 +13,7 @@
 namespace kiln {
 
 void CpuBackend::moe_route(const MoeRouteArgs& args) {
+  OpTimer timed(this, "moe_route");
   const int64_t n_experts = args.logits.cols();
   const int k = args.top_k;
   const float* scale =
@@ -60,6 +61,7 @@ const float* expert_matrix(const Tensor& stack, int64_t e, std::vector<float>& s
 }  // namespace
 
 void CpuBackend::moe_experts(const MoeExpertsArgs& args) {
+  OpTimer timed(this, "moe_experts");
   const int64_t n_tokens = args.x.rows(), hidden = args.x.cols();
   const int64_t n_experts = args.gate.dim(0), inter = args.gate.dim(1);
   const int64_t k = args.ids.cols();

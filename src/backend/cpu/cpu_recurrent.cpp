@@ -143,6 +143,7 @@ void chunked_rule(const HeadInputs& in, float* state, float* out, int64_t out_st
 }  // namespace
 
 void CpuBackend::causal_conv1d(const CausalConvArgs& args) {
+  OpTimer timed(this, "causal_conv1d");
   const int64_t channels = args.x.cols();
   const int64_t kernel = args.weight.numel() / channels;
   const float* w = args.weight.data_as<float>();
@@ -173,6 +174,7 @@ void CpuBackend::causal_conv1d(const CausalConvArgs& args) {
 }
 
 void CpuBackend::gated_delta(const GatedDeltaArgs& args) {
+  OpTimer timed(this, "gated_delta");
   const int64_t hk = args.n_k_heads, hv = args.n_v_heads, dk = args.k_dim, dv = args.v_dim;
   const int64_t group = hv / hk;
   const float* a_log = args.a_log.data_as<float>();

@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_timeline.h"
+#include "ops/op_profile.h"
 #include "quant/affine.h"
 #include "quant/tiles.h"
 
@@ -249,25 +250,16 @@ class CudaBackend final : public Backend {
 
   std::string profile_report() override {
     cudaStreamSynchronize(stream_);
-    std::map<std::string, std::pair<double, int>> by_op;
-    double total = 0;
+    OpProfile profile;
     for (const Timing& t : timings_) {
       float ms = 0;
       cudaEventElapsedTime(&ms, t.begin, t.end);
-      by_op[t.name].first += ms;
-      by_op[t.name].second += 1;
-      total += ms;
+      profile.add(t.name, ms);
       cudaEventDestroy(t.begin);
       cudaEventDestroy(t.end);
     }
     timings_.clear();
-    std::vector<std::pair<std::string, std::pair<double, int>>> rows(by_op.begin(), by_op.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-    std::string out = fmt::format("  {:<20} {:>10} {:>8} {:>10} {:>6}\n", "op", "ms", "calls", "us/call", "share");
-    for (const auto& [name, v] : rows)
-      out += fmt::format("  {:<20} {:>10.3f} {:>8} {:>10.1f} {:>5.1f}%\n", name, v.first, v.second,
-                         1000.0 * v.first / v.second, 100.0 * v.first / std::max(total, 1e-9));
-    return out;
+    return profile.report();
   }
 
   std::unique_ptr<Timer> timer() override {

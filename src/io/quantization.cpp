@@ -63,7 +63,7 @@ Result<QuantizationConfig> QuantizationConfig::parse(const nlohmann::json& confi
     const std::string at = here + "." + it.key();
     // a module's entry is its own settings (an empty object: the defaults) or whether to quantize it
     if (!v.is_object() && !v.is_boolean())
-      return make_error("{} must be an object of bits and group_size, or false, got {}", at, v.dump());
+      return make_error("{} must be an object of bits and group_size, or true or false, got {}", at, v.dump());
     QuantSpec spec;
     if (v.is_boolean()) {
       spec = QuantSpec{.quantized = v.get<bool>(), .bits = q.bits_, .group_size = q.group_size_};

@@ -391,6 +391,9 @@ TEST(LoaderErrors, CliReportsOneLineAndFails) {
            {"tokenize " + bundled + " --file " + tmp.path(), "is a directory"},
            {"quantize " + fixture_path("qwen3_5_dense") + " " + tmp.path() + "/q --override 'model.layers.0.mlp=8'",
             "matches no module"},
+           {"quantize " + fixture_path("qwen3_5_dense") + " " + bundled + "/config.json", "is a file"},
+           {"logits " + fixture_path("qwen3_5_dense") + " --ids 1,2 --out " + out + " --threads 0x", "--threads"},
+           {"logit " + fixture_path("qwen3_5_dense"), "unknown command 'logit'; the commands are logits,"},
        }) {
     auto r = run_command("timeout 120 " + std::string(KILN_BINARY) + " " + args);  // a blocked read fails
     EXPECT_NE(r.exit_code, 0) << args;

@@ -181,7 +181,9 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
   {
     std::error_code ec;
     const fs::file_status st = fs::status(out_dir, ec);
-    if (fs::exists(st) && !(fs::is_directory(st) && fs::is_empty(out_dir, ec) && !ec))
+    if (fs::exists(st) && !fs::is_directory(st))
+      return make_error("{} is a file; name a new directory to write", out_dir);
+    if (fs::exists(st) && !(fs::is_empty(out_dir, ec) && !ec))
       return make_error("{} already exists and is not an empty directory; name a new one", out_dir);
   }
   KILN_ASSIGN(ModelConfigFile config, read_model_config(in_dir));

@@ -121,6 +121,17 @@ TEST_F(CliTest, RaisingTemplateExitsWithItsMessage) {
   EXPECT_EQ(run.err, "kiln: error: Conversation roles must alternate user/assistant/user/assistant/...\n");
 }
 
+// A message with line breaks stays one line of error, the breaks shown escaped.
+TEST_F(CliTest, RaisedMessageWithLineBreaksIsOneLine) {
+  fs::path model = dir_ / "model";
+  fs::create_directories(model);
+  std::ofstream(model / "chat_template.jinja", std::ios::binary) << "{{ raise_exception('first\\nsecond') }}";
+  std::ofstream(model / "tokenizer_config.json") << "{}";
+  KilnRun run = render(model, "tool_flow", {});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(run.err, "kiln: error: first\\nsecond\n");
+}
+
 TEST_F(CliTest, ChatTemplateJinjaFileWinsOverTokenizerConfig) {
   fs::path model = dir_ / "model";
   fs::create_directories(model);

@@ -208,6 +208,10 @@ TEST(LoaderErrors, HeaderShapesThatDoNotCount) {
        },
        "64.5 that is not an integer"},
       {[&](nlohmann::json& h, std::string&) { h[name]["data_offsets"][0] = -8; }, "data offset -8"},
+      // named plainly, not in the JSON library's words
+      {[&](nlohmann::json& h, std::string&) { h[name] = 5; }, "has a header entry that is not an object"},
+      {[&](nlohmann::json& h, std::string&) { h[name].erase("dtype"); }, "has no 'dtype' in its header entry"},
+      {[&](nlohmann::json& h, std::string&) { h[name]["dtype"] = 16; }, "has a dtype 16 that is not a string"},
   };
   for (const Case& c : cases) {
     write_file(path, saved);
@@ -216,6 +220,7 @@ TEST(LoaderErrors, HeaderShapesThatDoNotCount) {
     expect_one_line(error);
     EXPECT_NE(error.find(c.needle), std::string::npos) << error;
     EXPECT_NE(error.find(path + ": tensor '"), std::string::npos) << error;
+    EXPECT_EQ(error.find("json.exception"), std::string::npos) << error;
   }
 }
 

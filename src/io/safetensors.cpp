@@ -113,6 +113,13 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     const auto& entry = it.value();
     TensorInfo info;
     info.name = it.key();
+    if (!entry.is_object())
+      return make_error("{}: tensor '{}' has a header entry that is not an object", path, info.name);
+    for (const char* key : {"dtype", "shape", "data_offsets"})
+      if (!entry.contains(key))
+        return make_error("{}: tensor '{}' has no '{}' in its header entry", path, info.name, key);
+    if (!entry["dtype"].is_string())
+      return make_error("{}: tensor '{}' has a dtype {} that is not a string", path, info.name, entry["dtype"].dump());
     try {
       info.dtype_name = entry.at("dtype").get<std::string>();
       const auto& shape = entry.at("shape");

@@ -157,6 +157,8 @@ TEST_F(TokenizerFilesTest, InconsistentContent) {
   expect_one_line_error(load(), "no merges");
   write("tokenizer.json", R"({"normalizer": {"type": "NFC"}})");
   expect_one_line_error(load(), "unsupported model type");
+  write("tokenizer.json", R"({"model": {"type": 3, "vocab": {"a": 0}, "merges": []}})");  // was read as BPE
+  expect_one_line_error(load(), "model.type 3 is not a string");
   write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                               "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"}})");
   expect_one_line_error(load(), "cannot compile regex");
@@ -170,6 +172,14 @@ TEST_F(TokenizerFilesTest, CorruptConfig) {
   EXPECT_TRUE(load().ok());
   write("tokenizer_config.json", "{not json");
   expect_one_line_error(load(), "tokenizer_config.json: invalid JSON");
+  // both were taken as no file at all
+  write("tokenizer_config.json", "");
+  expect_one_line_error(load(), "tokenizer_config.json is empty, not a JSON object");
+  write("tokenizer_config.json", "[1, 2]");
+  expect_one_line_error(load(), "tokenizer_config.json: not a JSON object");
+  write("tokenizer_config.json", "{}");
+  write("generation_config.json", "");
+  expect_one_line_error(load(), "generation_config.json is empty");
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ using json = nlohmann::json;
 namespace {
 
 Result<std::unique_ptr<BpeModel>> build_model(const json& spec, TokenizerJson& parsed) {
+  if (spec.is_object() && spec.contains("type") && !spec["type"].is_string())
+    return make_error("model.type {} is not a string", spec["type"].dump());
   const std::string type = type_of(spec);
   if (type != "BPE" && !(type.empty() && parsed.has_merges))
     return make_error("unsupported model type '{}' (kiln implements BPE)", type.empty() ? "?" : type);
@@ -132,6 +134,8 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& mode
     if (!fs::exists(dir / name, error)) continue;
     KILN_TRY(require_regular_file_if_present((dir / name).string()));
     KILN_ASSIGN(*content, tokenization::read_file((dir / name).string()));
+    // (an empty string stands for an absent file below)
+    if (content->empty()) return make_error("{} is empty, not a JSON object", (dir / name).string());
   }
   return from_files(files);
 }

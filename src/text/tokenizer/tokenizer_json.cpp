@@ -220,6 +220,7 @@ Result<TokenizerJson> parse_tokenizer_json(std::string_view text) {
 Result<nlohmann::json> parse_json(std::string_view text, const std::string& name) {
   nlohmann::json document = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (document.is_discarded()) return make_error("{}: invalid JSON", name);
+  if (!document.is_object()) return make_error("{}: not a JSON object", name);
   return document;
 }
 

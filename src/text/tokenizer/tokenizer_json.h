@@ -26,7 +26,7 @@ struct TokenizerJson {
 // Errors name what is wrong inside the document; the caller prefixes the file.
 Result<TokenizerJson> parse_tokenizer_json(std::string_view text);
 
-// Parses a small JSON file (tokenizer_config.json, generation_config.json).
+// Parses a small JSON file that holds an object (tokenizer_config.json, generation_config.json).
 Result<nlohmann::json> parse_json(std::string_view text, const std::string& name);
 
 Result<std::string> read_file(const std::string& path);

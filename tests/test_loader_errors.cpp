@@ -317,6 +317,11 @@ TEST(LoaderErrors, ConfigValuesOutOfRange) {
        "'linear_num_value_heads' is 4294967300, beyond"},
       {"qwen3_5_dense", [](nlohmann::json& c) { c["head_dim"] = uint64_t(1) << 63; }, "'head_dim' is"},
       {"gemma4_dense", [](nlohmann::json& c) { c["vocab_size"] = 1e30; }, "'vocab_size' is"},
+      // read as no rope_parameters at all
+      {"qwen3_5_dense", [](nlohmann::json& c) { c["rope_parameters"] = "default"; },
+       "'rope_parameters' must be an object, got \"default\""},
+      {"gemma4_dense", [](nlohmann::json& c) { c["rope_parameters"] = nlohmann::json::array({1}); },
+       "'rope_parameters' must be an object, got [1]"},
   };
   for (const Case& c : cases) {
     TempDir tmp;

@@ -92,6 +92,9 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
   Gemma4RopeConfig full_default{.rope_type = "proportional", .rope_theta = 1e6, .partial_rotary_factor = 0.25};
   c.rope_sliding = sliding_default;
   c.rope_full = full_default;
+  if (r.has("rope_parameters") && !file.text["rope_parameters"].is_object())
+    return make_error("{}: 'rope_parameters' must be an object, got {}", file.path,
+                      file.text["rope_parameters"].dump());
   if (r.has("rope_parameters")) {
     const auto& rp = file.text["rope_parameters"];
     if (rp.contains("rope_type")) {  // one setting for both types

@@ -46,6 +46,9 @@ Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file) {
   // RoPE: rope_parameters (transformers 5), or the older top-level keys
   c.rope_theta = r.get_float("rope_theta", 1e7);
   c.partial_rotary_factor = r.get_float("partial_rotary_factor", 0.25);
+  if (r.has("rope_parameters") && !file.text["rope_parameters"].is_object())
+    return make_error("{}: 'rope_parameters' must be an object, got {}", file.path,
+                      file.text["rope_parameters"].dump());
   if (r.has("rope_parameters")) {
     ConfigReader rp(file.text["rope_parameters"], file.path + " rope_parameters");
     c.rope_theta = rp.get_float("rope_theta", c.rope_theta);

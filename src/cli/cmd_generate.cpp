@@ -52,7 +52,8 @@ Status generate_ids(const GenerateOptions& o, Backend& backend) {
   int64_t context = o.generation.context > 0 ? o.generation.context : int64_t(ids.size()) + o.generation.max_tokens + 1;
   if (limit > 0) context = std::min(context, limit);
   if (int64_t(ids.size()) >= context)
-    return make_error("the prompt ({} tokens) does not fit the context of {} tokens", ids.size(), context);
+    return make_error("the prompt ({} tokens) and a token to generate do not fit the context of {} tokens", ids.size(),
+                      context);
   KILN_ASSIGN(auto state, model->new_sequence(context));
   Sampler sampler(o.generation.sampling);
   std::vector<int32_t> history = ids, out;

@@ -125,7 +125,7 @@ std::unique_ptr<SequenceState> TextSession::snapshot() {
 Status TextSession::prefill(const std::vector<int32_t>& tokens) {
   if (tokens.empty()) return ok_status();
   if (state_->length() + int64_t(tokens.size()) >= state_->max_context())
-    return make_error("the conversation ({} tokens) does not fit the context of {} tokens",
+    return make_error("the conversation ({} tokens) and a token to generate do not fit the context of {} tokens",
                       state_->length() + int64_t(tokens.size()), state_->max_context());
   KILN_TRY(run_tokens(*model_, *state_, tokens, 0, LogitRows::last));
   history_.insert(history_.end(), tokens.begin(), tokens.end());
@@ -147,8 +147,9 @@ Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt
                                               const std::atomic<bool>* stop, const std::function<void()>& prefilled) {
   if (prompt.empty()) return make_error("the prompt is empty");
   if (state_->length() + int64_t(prompt.size()) >= state_->max_context())
-    return make_error("the prompt ({} tokens, {} already in context) does not fit the context of {} tokens",
-                      prompt.size(), state_->length(), state_->max_context());
+    return make_error(
+        "the prompt ({} tokens, {} already in context) and a token to generate do not fit the context of {} tokens",
+        prompt.size(), state_->length(), state_->max_context());
   GenerationStats stats;
   stats.prompt_tokens = int64_t(prompt.size());
   const int64_t vocab = model_->info().vocab_size;

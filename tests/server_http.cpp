@@ -321,6 +321,12 @@ void refused_framing() {
        head + "Expect: 100-continue\r\nContent-Length: 1000000000\r\n\r\n", 413},
       {"headers over 64 KiB (3,000 of them)", head + many_headers(3000) + framed, 431},
       {"one header of 70 KB", head + "X-Long: " + std::string(70000, 'a') + "\r\n" + framed, 431},
+      {"one header of 10 KB (past httplib's 8 KiB a line)",
+       head + "X-Long: " + std::string(10000, 'a') + "\r\n" + framed, 431},
+      // httplib inflated gzip with no bound, and read other codings as plain JSON
+      {"a gzip body", head + "Content-Encoding: gzip\r\n" + framed, 415},
+      {"a GZIP body", head + "Content-Encoding: GZIP\r\n" + framed, 415},
+      {"a zstd body", head + "Content-Encoding: zstd\r\n" + framed, 415},
   };
   for (const auto& c : cases) {
     Socket s;
@@ -381,7 +387,10 @@ void unread_body_closes() {
 // Requests framed right keep their connection.
 void framed_keeps_alive() {
   Socket s;
-  s.send(post("/v1/completions", kCompletion) + post("/v1/completions", "{bad json"));
+  // (Content-Encoding: identity, and 8 KiB header lines, are taken)
+  s.send(
+      post("/v1/completions", kCompletion, "Content-Encoding: identity\r\nX-Long: " + std::string(8000, 'a') + "\r\n") +
+      post("/v1/completions", "{bad json"));
   const auto got = s.receive(1);
   const auto replies = final_replies(got.bytes);
   check(replies.size() == 2 && replies[0].status == 200 && replies[1].status == 400 && !got.closed &&

@@ -103,6 +103,9 @@ void HttpConnection::begin_request() {
   body_too_large_ = false;
   head_bytes_ = 0;
   head_too_large_ = false;
+  head_lines_ = 0;
+  line_bytes_ = 0;
+  header_line_too_long_ = false;
 }
 
 void HttpConnection::begin_body() {
@@ -135,10 +138,8 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
   }
   size = std::min(size, body_left_);
   if (!in_body_) {
-    if (head_bytes_ >= kMaxHeadBytes) {
-      head_too_large_ = true;
-      return 0;
-    }
+    if (head_bytes_ >= kMaxHeadBytes) head_too_large_ = true;
+    if (head_too_large_ || header_line_too_long_) return 0;
     size = std::min(size, kMaxHeadBytes - head_bytes_);
   }
   if (consumed_ == buffer_.size()) {
@@ -161,7 +162,19 @@ ssize_t HttpConnection::read(char* ptr, size_t size) {
   const size_t n = std::min(size, buffer_.size() - consumed_);
   std::memcpy(ptr, buffer_.data() + consumed_, n);
   consumed_ += n;
-  if (!in_body_) head_bytes_ += n;
+  if (!in_body_) {
+    head_bytes_ += n;
+    // header lines past httplib's limit are refused here, as too large rather than malformed (the
+    // request line has httplib's own 414)
+    for (size_t i = 0; i < n; ++i) {
+      if (ptr[i] == '\n') {
+        ++head_lines_;
+        line_bytes_ = 0;
+      } else if (++line_bytes_ >= kMaxHeaderLineBytes && head_lines_ > 0) {
+        header_line_too_long_ = true;
+      }
+    }
+  }
   if (body_left_ != SIZE_MAX) body_left_ -= n;
   if (in_body_) deadline_ += std::chrono::duration_cast<Duration>(std::chrono::seconds(n)) / kMinBodyBytesPerSecond;
   return ssize_t(n);
@@ -248,6 +261,16 @@ bool carries_unread_body(const httplib::Request& req) {
 
 std::optional<FramingError> framing_error(const httplib::Request& req, size_t max_body_bytes) {
   if (!reads_body(req)) return std::nullopt;
+  // httplib would inflate gzip and deflate with no bound (300 KB of gzip became 300 MB of JSON)
+  // and read other codings as plain bytes; API clients send their JSON uncompressed
+  if (req.has_header("Content-Encoding")) {
+    std::string coding = req.get_header_value("Content-Encoding");
+    coding.erase(0, coding.find_first_not_of(" \t"));
+    coding.erase(coding.find_last_not_of(" \t") + 1);
+    if (req.get_header_value_count("Content-Encoding") > 1 || ::strcasecmp(coding.c_str(), "identity") != 0)
+      return FramingError{415, "Content-Encoding \"" + req.get_header_value("Content-Encoding") +
+                                   "\" is not supported: send the body uncompressed"};
+  }
   const size_t lengths = req.get_header_value_count("Content-Length");
   if (req.has_header("Transfer-Encoding")) {
     // both could be a request smuggled past a proxy that reads the other one (RFC 9112 §6.3)

@@ -41,6 +41,9 @@ inline constexpr size_t kMinBodyBytesPerSecond = 16 << 10;
 // header it reads, with no bound of its own; 64 KiB is twice what nginx takes by default and far
 // more than any API client sends.
 inline constexpr size_t kMaxHeadBytes = 64 << 10;
+// The longest header line httplib 0.11 reads (its CPPHTTPLIB_HEADER_MAX_LENGTH, line break
+// included); a longer one it calls malformed.
+inline constexpr size_t kMaxHeaderLineBytes = 8192;
 
 // One client connection, as the stream httplib reads requests from and writes responses to. It
 // lives as long as the connection: input read past one request is the next one's.
@@ -82,9 +85,10 @@ class HttpConnection final : public httplib::Stream {
   // framing included): a read past them fails, and body_too_large() says why.
   void limit_body(size_t bytes) { body_left_ = bytes; }
   bool body_too_large() const { return body_too_large_; }
-  // Whether the request's head ran past kMaxHeadBytes; its input then reads as ended (httplib
-  // answers 400, which kiln makes 431).
-  bool head_too_large() const { return head_too_large_; }
+  // Whether the request's head ran past kMaxHeadBytes, or a header line past
+  // kMaxHeaderLineBytes; its input then reads as ended (httplib answers 400, which kiln makes 431).
+  bool head_too_large() const { return head_too_large_ || header_line_too_long_; }
+  bool header_line_too_long() const { return header_line_too_long_; }
   // Half-closes, reads what the client still sends (a refused body, a request after the last)
   // until it closes or a bound, then closes: closing with input unread would reset the connection.
   void close();
@@ -112,6 +116,9 @@ class HttpConnection final : public httplib::Stream {
   bool body_too_large_ = false;
   size_t head_bytes_ = 0;  // of the request being read, while its head is
   bool head_too_large_ = false;
+  size_t head_lines_ = 0;  // ended so far, the request line first
+  size_t line_bytes_ = 0;  // of the line being read, its line break not counted
+  bool header_line_too_long_ = false;
 };
 
 // Ends the calling thread's connection once the response being made is written (and says so in
@@ -125,12 +132,12 @@ bool reads_body(const httplib::Request& req);
 bool carries_unread_body(const httplib::Request& req);
 
 struct FramingError {
-  int status;  // 400 malformed, 411 no length, 413 too large
+  int status;  // 400 malformed, 411 no length, 413 too large, 415 compressed
   std::string message;
 };
 // Why the body of a request httplib reads a body for cannot be read as it is framed, or nullopt:
 // a Content-Length is required (or Transfer-Encoding: chunked, alone), well formed and at most
-// `max_body_bytes`.
+// `max_body_bytes`, and no Content-Encoding but identity.
 std::optional<FramingError> framing_error(const httplib::Request& req, size_t max_body_bytes);
 
 // httplib's server with kiln's connection loop.

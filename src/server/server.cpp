@@ -199,7 +199,8 @@ struct Server::Impl {
           if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
           // httplib stops short of the body on any of its errors but an unknown path
           if (res.status != 404) close_connection_after_response();
-          if (const HttpConnection* connection = HttpConnection::current(); connection && connection->body_too_large())
+          const HttpConnection* connection = HttpConnection::current();
+          if (connection && connection->body_too_large())
             res.status = 413;
           else if (connection && connection->head_too_large())
             res.status = 431;
@@ -213,7 +214,10 @@ struct Server::Impl {
                 "of {} s)",
                 options.read_timeout_s, kMinBodyBytesPerSecond >> 10, options.read_timeout_s);
           if (res.status == 414) e.message = "the request line is too long";
-          if (res.status == 431) e.message = fmt::format("the request's headers exceed {} KiB", kMaxHeadBytes >> 10);
+          if (res.status == 431)
+            e.message = connection && connection->header_line_too_long()
+                            ? fmt::format("a header line exceeds {} KiB", kMaxHeaderLineBytes >> 10)
+                            : fmt::format("the request's headers exceed {} KiB", kMaxHeadBytes >> 10);
           if (res.status == 415) e.message = "unsupported Content-Encoding (send the body uncompressed)";
           if (res.status == 413) e.message = fmt::format("the request body exceeds {} bytes", options.max_body_bytes);
           if (res.status == 404) e.message = fmt::format("no endpoint {} {}", req.method, req.path);

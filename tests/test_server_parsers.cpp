@@ -547,6 +547,9 @@ TEST(ChatCompletionsChecks, ToolsAreCheckedFieldByField) {
       {R"([{"type": "function", "function": {"name": "f", "parameters": "{}"}}])", "tools[0].function.parameters"},
       {R"([{"type": "function", "function": {"name": "f", "parameters": []}}])", "tools[0].function.parameters"},
       {"[" + weather + ", " + weather + "]", "tools[1].function.name"},
+      // a name goes verbatim into the model's call markup
+      {R"([{"type": "function", "function": {"name": "a b\"<>"}}])", "tools[0].function.name"},
+      {R"([{"type": "function", "function": {"name": ")" + std::string(65, 'f') + R"("}}])", "tools[0].function.name"},
   };
   for (const auto& [tools, param] : refused) {
     const Answer a = post(handle_chat_completions, with(hi, "tools", tools));
@@ -612,6 +615,13 @@ TEST(ChatCompletionsChecks, MessagesAreCheckedFieldByField) {
       {"[" + user + ", " + call + R"(, {"role": "tool", "content": "ok"}])", "messages[2].tool_call_id"},
       {"[" + user + ", " + call + R"(, {"role": "tool", "content": "ok", "tool_call_id": 1}])",
        "messages[2].tool_call_id"},
+      // arguments were rendered as {} when they were not a string holding an object
+      {"[" + user + R"(, {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "f", "arguments": 5}}]}])",
+       "messages[1].tool_calls[0].function.arguments"},
+      {"[" + user + R"(, {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "f", "arguments": "[1, 2]"}}]}])",
+       "messages[1].tool_calls[0].function.arguments"},
   };
   for (const auto& [messages, param] : refused) {
     const Answer a = post(handle_chat_completions, R"({"messages": )" + messages + "}");
@@ -630,6 +640,12 @@ TEST(ChatCompletionsChecks, ContinuingNeedsAFinalAssistantMessage) {
   EXPECT_EQ(a.param, "continue_final_message");
   EXPECT_TRUE(passes_checks(post(handle_chat_completions, R"({"continue_final_message": true, "messages":
       [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]})")));
+  // its calls would be cut off with the rest of the rendering after its text
+  const Answer calls = post(handle_chat_completions, R"({"continue_final_message": true, "messages":
+      [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure", "tool_calls": [{"id": "1",
+        "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]})");
+  EXPECT_EQ(calls.status, 400);
+  EXPECT_EQ(calls.param, "messages[1].tool_calls");
 }
 
 // JSON nested deeper than kiln walks: the body's own nesting, and JSON texts inside it (tool call
@@ -692,6 +708,8 @@ TEST(MessagesChecks, FieldsAreCheckedAndNamed) {
       {"thinking", R"({"type": "enabled", "budget_tokens": "lots"})", "thinking.budget_tokens"},
       {"thinking", R"({"type": "enabled", "budget_tokens": 10})", "thinking.budget_tokens"},
       {"thinking", R"({"type": "enabled", "budget_tokens": 4096})", "thinking.budget_tokens"},  // not below max_tokens
+      {"temperature", "1.5", "temperature"},  // Anthropic's range is 0 to 1
+      {"tools", R"([{"name": "a\nb", "input_schema": {}}])", "tools[0].name"},
       {"stop_sequences", R"("END")", "stop_sequences"},
       {"metadata", R"("me")", "metadata"},
       {"metadata", R"({"user_id": 5})", "metadata.user_id"},

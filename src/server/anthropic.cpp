@@ -164,6 +164,8 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
     m.string("user_id", user_id);
     if (!m.ok()) fields.fail(m.error()->param, m.error()->message);
   }
+  float temperature = 0;  // Anthropic's range, inside the OpenAI one read_sampling takes
+  fields.number("temperature", 0, 1, temperature);
   request.sampling = read_sampling(fields, service.model().sampling);
   const json* messages = fields.array("messages", true);
   const json* tools = fields.array("tools");
@@ -229,7 +231,9 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
       f.string("name", name, /*required=*/true);
       f.string("description", description);
       const json* schema = f.object("input_schema", /*required=*/true);
-      if (f.ok() && name.empty()) f.fail(at + ".name", fmt::format("'{}.name' must not be empty", at));
+      if (f.ok() && !valid_tool_name(name, 128))
+        f.fail(at + ".name",
+               fmt::format("'{}.name' must be 1 to 128 letters, digits, '_' or '-', got {}", at, json(name).dump()));
       if (f.ok())
         if (auto [it, added] = names.emplace(name, i); !added)
           f.fail(at + ".name", fmt::format("'{}.name' repeats the name of tools[{}], '{}'", at, it->second, name));
@@ -259,7 +263,8 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   auto started = service.start(std::move(request));
   if (auto* e = std::get_if<ApiError>(&started)) return fail(*e);
   std::shared_ptr<TextGeneration> gen = std::move(std::get<std::unique_ptr<TextGeneration>>(started));
-  service.metrics().request(endpoint, 200);
+  // a streamed answer's status goes out with its first bytes; a whole one's when it is ready
+  if (stream) service.metrics().request(endpoint, 200);
   const std::string id = random_id("msg_");
   const std::string model_name = service.model_name();
 
@@ -274,18 +279,24 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
       if (more &&
           client.closed()) {  // nobody is waiting for the answer (an HTTP/1.0 client that half-closed counts as gone)
         gen->cancel();
+        service.metrics().request(endpoint, 499);
         return respond_json(res, 499,
                             anthropic_error(ApiError{.status = 499, .message = "the client closed the request"}));
       }
     }
-    if (gen->finish_reason() == "error")
+    if (gen->finish_reason() == "error") {
+      service.metrics().request(endpoint, 500);
       return respond_json(res, 500, anthropic_error(ApiError{.status = 500, .message = gen->error()}));
+    }
     service.metrics().latency(std::max(ttft, 0.0), std::chrono::duration<double>(Clock::now() - t0).count());
     json content = json::array();
     if (!all.reasoning.empty())
       content.push_back({{"type", "thinking"}, {"thinking", all.reasoning}, {"signature", ""}});
-    if (!all.content.empty() || all.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", all.content}});
+    // an empty text block only where it would be the only block, as the stream sends it
+    if (!all.content.empty() || (all.tool_calls.empty() && all.reasoning.empty()))
+      content.push_back({{"type", "text"}, {"text", all.content}});
     for (const auto& call : all.tool_calls) content.push_back(tool_use_block(call));
+    service.metrics().request(endpoint, 200);
     return respond_json(res, 200,
                         {{"id", id},
                          {"type", "message"},

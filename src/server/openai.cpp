@@ -103,7 +103,8 @@ void run(Service& service, GenerationRequest request, Exchange ex, const httplib
     return respond_json(res, e->status, openai_error(*e));
   }
   std::shared_ptr<TextGeneration> gen = std::move(std::get<std::unique_ptr<TextGeneration>>(started));
-  service.metrics().request(ex.endpoint, 200);
+  // a streamed answer's status goes out with its first bytes; a whole one's when it is ready
+  if (ex.stream) service.metrics().request(ex.endpoint, 200);
   const std::string model = service.model_name();
   const char* object = ex.chat ? "chat.completion" : "text_completion";
 
@@ -119,11 +120,13 @@ void run(Service& service, GenerationRequest request, Exchange ex, const httplib
       if (more &&
           client.closed()) {  // nobody is waiting for the answer (an HTTP/1.0 client that half-closed counts as gone)
         gen->cancel();
+        service.metrics().request(ex.endpoint, 499);
         return respond_json(res, 499,
                             openai_error(ApiError{.status = 499, .message = "the client closed the request"}));
       }
     }
     if (gen->finish_reason() == "error") {
+      service.metrics().request(ex.endpoint, 500);
       return respond_json(res, 500,
                           openai_error(ApiError{.status = 500, .type = "server_error", .message = gen->error()}));
     }
@@ -149,6 +152,7 @@ void run(Service& service, GenerationRequest request, Exchange ex, const httplib
     json body = {{"id", ex.id},         {"object", object},          {"created", ex.created},        {"model", model},
                  {"choices", {choice}}, {"usage", usage_json(*gen)}, {"system_fingerprint", nullptr}};
     if (ex.return_token_ids) body["prompt_token_ids"] = prompt_ids;
+    service.metrics().request(ex.endpoint, 200);
     return respond_json(res, 200, body);
   }
 
@@ -312,7 +316,10 @@ void read_tools(RequestFields& fields, const json& tools) {
     f.string("name", name, /*required=*/true);
     f.string("description", description);
     f.object("parameters");
-    if (f.ok() && name.empty()) f.fail(at + ".function.name", fmt::format("'{}.function.name' must not be empty", at));
+    if (f.ok() && !valid_tool_name(name, 64))
+      f.fail(
+          at + ".function.name",
+          fmt::format("'{}.function.name' must be 1 to 64 letters, digits, '_' or '-', got {}", at, json(name).dump()));
     if (f.ok())
       if (auto [it, added] = names.emplace(name, i); !added)
         f.fail(at + ".function.name",

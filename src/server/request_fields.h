@@ -2,6 +2,8 @@
 // an ApiError naming the field, which the handlers return as a 4xx.
 #pragma once
 
+#include <cctype>
+
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -64,5 +66,15 @@ class RequestFields {
   std::string path_;
   std::optional<ApiError> error_;
 };
+
+// A tool's name as OpenAI and Anthropic take it: letters, digits, '_' and '-', 1 to `longest`
+// characters. The name goes verbatim into the model's tool-call markup (and a forced call's
+// opening), where a quote or a line break could never be written back as a call.
+inline bool valid_tool_name(const std::string& name, size_t longest) {
+  if (name.empty() || name.size() > longest) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  return true;
+}
 
 }  // namespace kiln::server

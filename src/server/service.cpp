@@ -108,7 +108,9 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
     if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       if (!m["tool_calls"].is_array()) return bad_request("tool_calls must be an array", param + ".tool_calls");
       ordered_json calls = ordered_json::array();
-      for (const auto& call : m["tool_calls"]) {
+      for (size_t j = 0; j < m["tool_calls"].size(); ++j) {
+        const json& call = m["tool_calls"][j];
+        const std::string arguments_at = fmt::format("{}.tool_calls[{}].function.arguments", param, j);
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
             !call["function"].contains("name") || !call["function"]["name"].is_string())
           return bad_request("each tool call needs a function with a name", param + ".tool_calls");
@@ -122,8 +124,12 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
                                param + ".tool_calls");
           args = ordered_json::parse(text, nullptr, false);
           if (args.is_discarded()) return bad_request("tool call arguments must be JSON", param + ".tool_calls");
+          if (!args.is_object())
+            return bad_request(fmt::format("'{}' must hold a JSON object", arguments_at), arguments_at);
         } else if (f.contains("arguments") && f["arguments"].is_object()) {
           args = f["arguments"];
+        } else if (f.contains("arguments") && !f["arguments"].is_null()) {
+          return bad_request(fmt::format("'{}' must be a JSON string", arguments_at), arguments_at);
         }
         const std::string id = string_field(call, "id");
         call_names[id] = f["name"].get<std::string>();
@@ -145,6 +151,11 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
     }
     request.messages.push_back(std::move(out));
   }
+  // its text is continued where the rendering cuts it, so calls after the text would be dropped
+  if (continue_final_message && !request.messages.empty() && request.messages.back().contains("tool_calls") &&
+      !request.messages.back()["tool_calls"].empty())
+    return bad_request("a final assistant message with tool_calls cannot be continued",
+                       fmt::format("messages[{}].tool_calls", messages.size() - 1));
   // (the messages' own errors first, whatever the model)
   if (!model_.tokenizer || !model_.chat_template)
     return bad_request("this model has no tokenizer and chat template; use /v1/completions with token ids");

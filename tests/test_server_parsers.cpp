@@ -749,6 +749,14 @@ TEST(MessagesChecks, ContentBlocksAreCheckedAndNamed) {
       {"[" + user + ", " + call +
            R"(, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": 1, "content": "ok"}]}])",
        "messages[2].content[0].tool_use_id"},
+      {"[" + user + R"(, {"role": "assistant", "content": [{"type": "tool_use", "id": 5, "name": "f",
+        "input": {}}]}])",
+       "messages[1].content[0].id"},
+      {"[" + user + ", " + call + R"(, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+        "is_error": "yes"}]}])",
+       "messages[2].content[0].is_error"},
+      // thinking, redacted or not, is the assistant's (a user's was dropped, and then the message)
+      {R"([{"role": "user", "content": [{"type": "redacted_thinking", "data": "x"}]}])", "messages[0].content"},
       // empty content: refused but for a final assistant message
       {R"([{"role": "user", "content": []}])", "messages[0].content"},
       {R"([{"role": "user", "content": ""}])", "messages[0].content"},
@@ -763,7 +771,9 @@ TEST(MessagesChecks, ContentBlocksAreCheckedAndNamed) {
   for (const std::string& messages :
        {"[" + user + R"(, {"role": "assistant", "content": []}])",
         "[" + user + R"(, {"role": "assistant", "content": ""}])",
-        "[" + user + ", " + call + R"(, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]}])"})
+        "[" + user + ", " + call + R"(, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]}])",
+        "[" + user + ", " + call +
+            R"(, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": true}]}])"})
     EXPECT_TRUE(
         passes_checks(post(handle_messages, R"({"model": "m", "max_tokens": 4, "messages": )" + messages + "}")))
         << messages;

@@ -77,12 +77,14 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
         text += b["text"].get<std::string>();
       } else if (type == "thinking" && role == "assistant") {
         if (b.contains("thinking") && b["thinking"].is_string()) thinking += b["thinking"].get<std::string>();
-      } else if (type == "redacted_thinking") {
+      } else if (type == "redacted_thinking" && role == "assistant") {
       } else if (type == "tool_use" && role == "assistant") {
         if (!b.contains("name") || !b["name"].is_string())
           return ApiError{.message = "a tool_use block needs a name", .param = param + ".content"};
         if (!b.contains("input") || !b["input"].is_object())
           return ApiError{.message = "a tool_use block's input must be an object", .param = block + ".input"};
+        if (b.contains("id") && !b["id"].is_string())
+          return ApiError{.message = "a tool_use block's id must be a string", .param = block + ".id"};
         calls.push_back({{"id", string_field(b, "id")},
                          {"type", "function"},
                          {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
@@ -90,6 +92,9 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
         if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
           return ApiError{.message = "a tool_result block needs the tool_use_id of the call it answers",
                           .param = block + ".tool_use_id"};
+        if (b.contains("is_error") && !b["is_error"].is_boolean())
+          return ApiError{.message = "a tool_result block's is_error must be true or false",
+                          .param = block + ".is_error"};
         auto result = block_text(b.contains("content") && !b["content"].is_null() ? b["content"] : json(""),
                                  param + ".content.tool_result");
         if (auto* e = std::get_if<ApiError>(&result)) return *e;

@@ -229,7 +229,9 @@ struct Server::Impl {
                                                                       {"/v1/models", "GET"},
                                                                       {"/health", "GET"},
                                                                       {"/metrics", "GET"}};
-          if (auto known = kMethods.find(req.path); res.status == 404 && known != kMethods.end()) {
+          const bool one_model = req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11;  // /v1/models/ID
+          if (auto known = kMethods.find(one_model ? "/v1/models" : req.path);
+              res.status == 404 && known != kMethods.end()) {
             e.status = res.status = 405;
             e.message = fmt::format("{} takes {}, not {}", req.path, known->second, req.method);
             e.code = "method_not_allowed";

@@ -272,6 +272,9 @@ test('bad requests get OpenAI error objects', async () => {
   const wrongMethod = await fetch(`${base}/v1/chat/completions`);
   assert.equal(wrongMethod.status, 405);
   assert.equal(wrongMethod.headers.get('allow'), 'POST');
+  const oneModel = await fetch(`${base}/v1/models/${modelName}`, { method: 'POST', body: '{}' });
+  assert.equal(oneModel.status, 405);
+  assert.equal(oneModel.headers.get('allow'), 'GET');
   const big = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: 'x'.repeat(300000), headers: { 'content-type': 'application/json' } });
   assert.equal(big.status, 413);
   // the server still answers

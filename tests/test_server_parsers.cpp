@@ -574,18 +574,21 @@ TEST(ChatCompletionsChecks, FieldsOfTheWrongTypeAreRefused) {
                                                         {"reasoning_effort", "\"extreme\""},
                                                         {"reasoning_effort", "\"\""},
                                                         {"reasoning_effort", "2"},
+                                                        {"chat_template_kwargs", R"({"reasoning_effort": "bogus"})"},
                                                         {"thinking_token_budget", "-1"},
                                                         {"thinking_token_budget", "\"many\""}}) {
     const Answer a = post(handle_chat_completions, with(hi, field, value));
     EXPECT_EQ(a.status, 400);
     EXPECT_EQ(a.param, field) << value;
   }
-  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{{"parallel_tool_calls", "false"},
-                                                                                     {"user", "\"u-1\""},
-                                                                                     {"reasoning_effort", "\"none\""},
-                                                                                     {"reasoning_effort", "\"high\""},
-                                                                                     {"thinking_token_budget", "0"},
-                                                                                     {"thinking_token_budget", "512"}})
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"parallel_tool_calls", "false"},
+                                                        {"user", "\"u-1\""},
+                                                        {"reasoning_effort", "\"none\""},
+                                                        {"reasoning_effort", "\"high\""},
+                                                        {"chat_template_kwargs", R"({"reasoning_effort": "low"})"},
+                                                        {"thinking_token_budget", "0"},
+                                                        {"thinking_token_budget", "512"}})
     EXPECT_TRUE(passes_checks(post(handle_chat_completions, with(hi, field, value)))) << field;
   // the deprecated forms of tools are refused, not ignored
   for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{

@@ -418,12 +418,17 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
   // not read it ignores it); vLLM's thinking_token_budget closes the reasoning after that many tokens
   std::string reasoning_effort;
   fields.string("reasoning_effort", reasoning_effort);
-  if (const std::set<std::string> efforts{"none", "minimal", "low", "medium", "high", "xhigh"};
-      fields.ok() && body.contains("reasoning_effort") && !body["reasoning_effort"].is_null() &&
+  const std::set<std::string> efforts{"none", "minimal", "low", "medium", "high", "xhigh"};
+  if (fields.ok() && body.contains("reasoning_effort") && !body["reasoning_effort"].is_null() &&
       !efforts.count(reasoning_effort))
     fields.fail("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium, high or xhigh");
   else if (!reasoning_effort.empty())
     kwargs["reasoning_effort"] = reasoning_effort;
+  // the same field set through chat_template_kwargs is held to the same values
+  if (const auto it = kwargs.find("reasoning_effort");
+      fields.ok() && it != kwargs.end() && !(it->is_string() && efforts.count(it->get<std::string>())))
+    fields.fail("chat_template_kwargs",
+                "'chat_template_kwargs.reasoning_effort' must be none, minimal, low, medium, high or xhigh");
   fields.integer("thinking_token_budget", 0, INT32_MAX, request.reasoning_budget);
   bool continue_final_message = false;  // vLLM's: the last assistant message is continued
   fields.boolean("continue_final_message", continue_final_message);

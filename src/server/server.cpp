@@ -102,8 +102,13 @@ json anthropic_error(const ApiError& e) {
                      : e.status == 503 ? "overloaded_error"
                      : e.status >= 500 ? "api_error"
                                        : "invalid_request_error";
-  // Anthropic's error has no param: the message names the field instead
-  const std::string message = e.param.empty() ? e.message : e.param + ": " + e.message;
+  // Anthropic's error has no param: the message starts with the field instead (once: "x: must
+  // be ...", not "x: 'x' must be ...")
+  std::string message = e.message;
+  if (!e.param.empty()) {
+    const std::string quoted = "'" + e.param + "' ";
+    message = e.param + ": " + (message.rfind(quoted, 0) == 0 ? message.substr(quoted.size()) : message);
+  }
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
 

@@ -9,7 +9,6 @@
 #include <exception>
 #include <new>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "cli/commands.h"
@@ -17,25 +16,6 @@
 #ifndef KILN_VERSION
 #define KILN_VERSION "0.0.0"
 #endif
-
-namespace {
-
-// An error is one line: line breaks from elsewhere (a template's raise_exception, a file name)
-// are shown escaped.
-std::string one_line(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\r')
-      out += "\\r";
-    else
-      out += c;
-  }
-  return out;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln: Gemma 4 and Qwen 3.5 inference on NVIDIA GPUs and CPUs"};
@@ -62,8 +42,8 @@ int main(int argc, char** argv) {
     for (const CLI::App* command : app.get_subcommands([](const CLI::App*) { return true; }))
       names.push_back(command->get_name());
     if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
-      fmt::print(stderr, "kiln: error: unknown command '{}'; the commands are {} (see --help)\n", one_line(argv[1]),
-                 fmt::join(names, ", "));
+      fmt::print(stderr, "kiln: error: unknown command '{}'; the commands are {} (see --help)\n",
+                 kiln::one_line(argv[1]), fmt::join(names, ", "));
       return 109;  // CLI11's exit code for arguments it did not expect
     }
   }
@@ -71,7 +51,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    fmt::print(stderr, "kiln: error: {} (see --help)\n", one_line(e.what()));
+    fmt::print(stderr, "kiln: error: {} (see --help)\n", kiln::one_line(e.what()));
     return e.get_exit_code();
   }
 
@@ -90,7 +70,7 @@ int main(int argc, char** argv) {
     status = kiln::make_error("{}", e.what());
   }
   if (!status) {
-    fmt::print(stderr, "kiln: error: {}\n", one_line(status.error().message));
+    fmt::print(stderr, "kiln: error: {}\n", kiln::one_line(status.error().message));
     return 1;
   }
   return 0;

@@ -63,23 +63,6 @@ Result<std::unique_ptr<BpeModel>> build_model(const json& spec, TokenizerJson& p
   return BpeModel::create(std::move(parsed.vocab), parsed.merges, std::move(options));
 }
 
-// Errors quote tokens, which may hold newlines ("\n\n" is a Gemma token): keep messages on one line.
-std::string one_line(const std::string& message) {
-  std::string out;
-  for (char c : message) {
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\x{:02X}", static_cast<unsigned char>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 Result<std::vector<AddedToken>> parse_added_tokens(const json& spec) {
   std::vector<AddedToken> tokens;
   if (spec.is_null()) return tokens;

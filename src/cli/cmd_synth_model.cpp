@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/validators.h"
 #include "io/synthetic.h"
+#include "models/family.h"
 #include "models/model.h"
 
 namespace kiln::cli {
@@ -26,16 +27,31 @@ struct SynthOptions {
 Status run_synth(const SynthOptions& o) {
   KILN_ASSIGN(ModelConfigFile config, read_model_config_file(o.config));
   KILN_ASSIGN(auto tensors, checkpoint_tensors(config));
-  // the tensors are named as a text-only checkpoint: write the language model's config flat
-  nlohmann::json text = config.text;
-  std::string type = config.model_type;
-  if (type == "gemma4") type = "gemma4_text";
-  if (type == "qwen3_5") type = "qwen3_5_text";
-  if (type == "qwen3_5_moe") type = "qwen3_5_moe_text";
-  text["model_type"] = type;
-  text.erase("quantization");
-  text.erase("quantization_config");
-  text["dtype"] = o.dtype == "bf16" ? "bfloat16" : "float32";
+  KILN_ASSIGN(const ModelFamily* family, family_of(config));
+  const ModelTypeEntry* outer = family->entry(config.outer_model_type);
+  nlohmann::json written;
+  if (outer && outer->wrapper) {
+    // a release-form config: the wrapper as given, the language model under
+    // "model.language_model." and the towers and heads it describes beside it
+    written = config.root;
+    for (auto& t : tensors)
+      if (t.name.rfind("model.", 0) == 0) t.name = "model.language_model." + t.name.substr(6);
+    KILN_ASSIGN(auto parts, checkpoint_part_tensors(config));
+    tensors.insert(tensors.end(), parts.begin(), parts.end());
+  } else {
+    // the tensors are named as a text-only checkpoint: write the language model's config flat
+    written = config.text;
+    std::string type = config.model_type;
+    for (const auto& e : family->model_types)
+      if (e.model_type == type && e.wrapper && !e.text_model_types.empty()) type = e.text_model_types.front();
+    written["model_type"] = type;
+  }
+  for (auto* j : {&written, written.contains("text_config") ? &written["text_config"] : nullptr}) {
+    if (!j) continue;
+    j->erase("quantization");
+    j->erase("quantization_config");
+  }
+  written["dtype"] = o.dtype == "bf16" ? "bfloat16" : "float32";
   // counted in double: an absurd geometry must be refused, not overflow into a plausible size
   double params = 0;
   for (const auto& t : tensors) {
@@ -56,7 +72,7 @@ Status run_synth(const SynthOptions& o) {
   spdlog::info("writing {} tensors, {:.2f} B parameters, to {}", tensors.size(), params / 1e9, o.out_dir);
   const auto start = std::chrono::steady_clock::now();
   KILN_TRY(write_synthetic_checkpoint(
-      o.out_dir, text, tensors,
+      o.out_dir, written, tensors,
       SyntheticOptions{.dtype = o.dtype == "bf16" ? DType::bf16 : DType::f32, .seed = o.seed}));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print(stderr, "wrote {} ({:.2f} B parameters, {}) in {:.1f} s\n", o.out_dir, params / 1e9, o.dtype, seconds);

@@ -157,6 +157,7 @@ Result<ModelConfigFile> read_model_config_file(const std::string& path) {
   cfg.outer_model_type = string_field(cfg.root, "model_type");
   if (cfg.root.contains("text_config") && cfg.root["text_config"].is_object()) {
     cfg.text = cfg.root["text_config"];
+    cfg.wrapped = true;
     // settings that wrappers keep at the top level only
     for (const char* key : {"tie_word_embeddings", "quantization", "quantization_config"}) {
       if (!cfg.text.contains(key) && cfg.root.contains(key)) cfg.text[key] = cfg.root[key];

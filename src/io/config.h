@@ -51,6 +51,8 @@ struct ModelConfigFile {
   nlohmann::json text;     // the language-model config
   std::string model_type;  // text model type, e.g. "gemma4_text"
   std::string outer_model_type;
+  // a release-form wrapper: the language model's settings sit under text_config
+  bool wrapped = false;
 };
 
 Result<ModelConfigFile> read_model_config(const std::string& model_dir);

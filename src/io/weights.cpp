@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,15 +37,10 @@ std::string canonical_weight_name(const std::string& name) {
       break;
     }
   }
-  for (const char* skip : {"vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.", "multi_modal_projector.",
-                           "visual.", "vision_embedder.", "mtp.", "model.visual.", "model.vision_tower."}) {
-    if (starts_with(n, skip)) return "";
-  }
-  if (starts_with(name, "mtp.")) return "";
   return n;
 }
 
-Result<WeightStore> WeightStore::open(const std::string& dir) {
+Result<WeightStore> WeightStore::open(const std::string& dir, const std::vector<std::string>& sidecars) {
   WeightStore store;
   store.dir_ = dir;
   std::vector<std::string> files;
@@ -92,7 +88,6 @@ Result<WeightStore> WeightStore::open(const std::string& dir) {
         if (it == expected_file.end() || it->second != f) continue;  // the index decides where a tensor lives
       }
       std::string canonical = canonical_weight_name(info.name);
-      if (canonical.empty()) continue;
       if (store.entries_.count(canonical))
         return make_error("tensor '{}' appears twice in {} (as '{}')", canonical, dir, info.name);
       store.entries_[canonical] = Entry{file, &info};
@@ -102,11 +97,35 @@ Result<WeightStore> WeightStore::open(const std::string& dir) {
   }
   for (const auto& [name, f] : expected_file) {
     std::string canonical = canonical_weight_name(name);
-    if (!canonical.empty() && !store.entries_.count(canonical))
+    if (!store.entries_.count(canonical))
       return make_error("model.safetensors.index.json lists '{}' in {}, but that file does not contain it", name, f);
   }
   store.mlx_prefixed_ = any_mlx && !any_other;
+
+  for (const auto& f : sidecars) {
+    if (f.empty() || f.find('/') != std::string::npos || f == ".." ||
+        std::find(files.begin(), files.end(), f) != files.end() || !file_exists(dir + "/" + f))
+      continue;
+    KILN_ASSIGN(auto file, SafetensorsFile::open(dir + "/" + f));
+    for (const auto& info : file->tensors()) {
+      std::string canonical = canonical_weight_name(info.name);
+      if (store.entries_.count(canonical))
+        return make_error("tensor '{}' of {} is also in the model's main files", info.name, f);
+      store.entries_[canonical] = Entry{file, &info, f};
+    }
+  }
   return store;
+}
+
+size_t WeightStore::used_bytes() const {
+  size_t bytes = 0;
+  for (const auto& name : used_) bytes += entries_.at(name).info->nbytes;
+  return bytes;
+}
+
+std::string WeightStore::sidecar_of(const std::string& name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? std::string() : it->second.sidecar;
 }
 
 std::string WeightStore::describe(const std::string& name) const {

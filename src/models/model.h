@@ -41,6 +41,25 @@ struct SeqChunk {
 
 enum class LogitRows { all, last };
 
+// Receives a model's named intermediate activations while it is set on the model (host f32
+// copies, [tokens, ...]). The names follow the reference's module names, so that a dump can be
+// compared layer by layer with the oracle's: "embed_tokens", "layers.N.self_attn" (Qwen's
+// DeltaNet layers: "layers.N.linear_attn"), "layers.N.mlp" (the feed-forward block's output
+// before any post-norm), "layers.N.router_logits" (MoE routers), "layers.N" (the hidden state
+// after layer N), "norm" (the final norm's output), "logits".
+class ActivationDump {
+ public:
+  virtual ~ActivationDump() = default;
+  virtual void record(const std::string& name, const Tensor& host_f32) = 0;
+};
+
+// A part of the checkpoint that the model does not run (a tower, an MTP head), found at load.
+struct SetAsideFinding {
+  std::string part;     // "vision tower"
+  std::string not_yet;  // "images not supported yet"
+  size_t tensors = 0;   // its tensors in the files (0: only its config.json section)
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -71,16 +90,34 @@ class Model {
   // products (for MoE, the routed experts) and attention's two products over the visible keys.
   virtual double prefill_flops(int64_t tokens) const = 0;
 
+  // What load_model set aside of the checkpoint, in one entry per part.
+  const std::vector<SetAsideFinding>& set_aside() const { return set_aside_; }
+  void set_set_aside(std::vector<SetAsideFinding> parts) { set_aside_ = std::move(parts); }
+
+  // Records intermediate activations into `dump` on every forward while set (null: off). Slow: each
+  // activation is copied to the host. For parity hunts, not for serving.
+  void set_activation_dump(ActivationDump* dump) { dump_ = dump; }
+
  protected:
   virtual Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) = 0;
+
+  // Hands `t` (on the backend) to the activation dump under `name`; nothing when none is set.
+  void dump(const std::string& name, const Tensor& t) const;
+  bool dumping() const { return dump_ != nullptr; }
+
+ private:
+  std::vector<SetAsideFinding> set_aside_;
+  ActivationDump* dump_ = nullptr;
 };
 
 // One tensor of a checkpoint, named and shaped as transformers saves the model (text-only form,
 // "model." prefix), with how a synthetic checkpoint fills it.
 using CheckpointTensor = SyntheticTensor;
 
-// The tensors a checkpoint of this config holds (used to write synthetic models of any geometry).
+// The text-model tensors a checkpoint of this config holds (used to write synthetic models of any
+// geometry), and those of the parts a release-form config describes beside it (towers, MTP).
 Result<std::vector<CheckpointTensor>> checkpoint_tensors(const ModelConfigFile& config);
+Result<std::vector<CheckpointTensor>> checkpoint_part_tensors(const ModelConfigFile& config);
 
 // Builds the model a directory holds, on `backend`. The architecture comes from config.json's
 // model_type through an explicit table; an unknown one is an error naming it.

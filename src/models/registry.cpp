@@ -1,50 +1,66 @@
-// model_type -> family loader. An explicit table: every supported architecture is listed here.
+// The registry: the list of model families, and building a model from a checkpoint directory
+// through the family its config.json names. A checkpoint's tensors are all accounted for: the
+// family's model uses them, its reference holds them without computing with them, or they belong
+// to a part kiln sets aside and reports (towers, MTP heads); anything else is an error naming it.
 #include <spdlog/spdlog.h>
-#include <functional>
+
 #include <map>
 
 #include "backend/meta/meta_backend.h"
 #include "io/config.h"
 #include "io/weights.h"
 #include "models/batch_prep.h"
-#include "models/gemma4.h"
+#include "models/family.h"
 #include "models/model.h"
-#include "models/qwen3_5.h"
 
 namespace kiln {
 
-namespace {
-
-using Loader = std::function<Result<std::unique_ptr<Model>>(const ModelConfigFile&, const WeightStore&, Backend&,
-                                                            const ModelOptions&)>;
-
-const std::map<std::string, Loader>& registry() {
-  static const std::map<std::string, Loader> table = {
-      {"gemma4", load_gemma4},        {"gemma4_text", load_gemma4},  {"qwen3_5", load_qwen3_5},
-      {"qwen3_5_text", load_qwen3_5}, {"qwen3_5_moe", load_qwen3_5}, {"qwen3_5_moe_text", load_qwen3_5},
+const std::vector<const ModelFamily*>& model_families() {
+  static const std::vector<const ModelFamily*> families = {
+      &gemma4_family(),
+      &qwen3_5_family(),
   };
-  return table;
+  return families;
 }
 
-}  // namespace
-
-Result<std::vector<CheckpointTensor>> checkpoint_tensors(const ModelConfigFile& config) {
-  const std::string& type = config.model_type;
-  if (type == "gemma4" || type == "gemma4_text") {
-    KILN_ASSIGN(Gemma4Config c, parse_gemma4_config(config));
-    return gemma4_checkpoint_tensors(c);
-  }
-  if (type.rfind("qwen3_5", 0) == 0) {
-    KILN_ASSIGN(Qwen35Config c, parse_qwen3_5_config(config));
-    return qwen3_5_checkpoint_tensors(c);
-  }
-  return make_error("unsupported model_type '{}' in {}", type, config.path);
+const ModelFamily* family_named(const std::string& name) {
+  for (const ModelFamily* f : model_families())
+    if (f->name == name) return f;
+  return nullptr;
 }
 
 std::vector<std::string> supported_model_types() {
   std::vector<std::string> out;
-  for (const auto& [name, loader] : registry()) out.push_back(name);
+  for (const ModelFamily* f : model_families())
+    for (const auto& e : f->model_types) out.push_back(e.model_type);
   return out;
+}
+
+Result<const ModelFamily*> family_of(const ModelConfigFile& config) {
+  const ModelFamily* text_family = nullptr;
+  const ModelFamily* outer_family = nullptr;
+  for (const ModelFamily* f : model_families()) {
+    if (f->entry(config.model_type)) text_family = f;
+    if (!config.outer_model_type.empty() && f->entry(config.outer_model_type)) outer_family = f;
+  }
+  if (text_family && outer_family && text_family != outer_family)
+    return make_error("{}: text_config's model_type '{}' is a {} model inside a {} wrapper ('{}')", config.path,
+                      config.model_type, text_family->name, outer_family->name, config.outer_model_type);
+  if (text_family) return text_family;
+  std::string known;
+  for (const auto& name : supported_model_types()) known += (known.empty() ? "" : ", ") + name;
+  return make_error("unsupported model_type '{}' in {} (supported: {})", config.model_type, config.path, known);
+}
+
+Result<std::vector<CheckpointTensor>> checkpoint_tensors(const ModelConfigFile& config) {
+  KILN_ASSIGN(const ModelFamily* family, family_of(config));
+  return family->checkpoint_tensors(config);
+}
+
+Result<std::vector<CheckpointTensor>> checkpoint_part_tensors(const ModelConfigFile& config) {
+  KILN_ASSIGN(const ModelFamily* family, family_of(config));
+  if (!family->part_tensors) return std::vector<CheckpointTensor>{};
+  return family->part_tensors(config);
 }
 
 Result<PreparedBatch> Model::prepare(std::span<const SeqChunk> batch) {
@@ -65,6 +81,11 @@ Result<Tensor> Model::run(const PreparedBatch& batch, LogitRows rows) {
   }
 }
 
+void Model::dump(const std::string& name, const Tensor& t) const {
+  if (!dump_ || !t.defined()) return;
+  dump_->record(name, backend().to_host(t));
+}
+
 Result<Tensor> Model::forward(std::span<const SeqChunk> batch, LogitRows rows) {
   KILN_ASSIGN(PreparedBatch prepared, prepare(batch));
   KILN_ASSIGN(Tensor logits, run(prepared, rows));
@@ -74,26 +95,87 @@ Result<Tensor> Model::forward(std::span<const SeqChunk> batch, LogitRows rows) {
 
 namespace {
 
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// Sorts the tensors the model did not fetch: set-aside parts (reported), tensors the reference
+// holds without using (accepted), and the rest (an error naming the first).
+Result<std::vector<SetAsideFinding>> account_for_tensors(const ModelFamily& family, const ModelConfigFile& config,
+                                                         const WeightStore& weights) {
+  std::map<std::string, SetAsideFinding> parts;
+  for (const std::string& name : weights.unused()) {
+    const SetAsidePart* part = nullptr;
+    const std::string sidecar = weights.sidecar_of(name);
+    for (const auto& p : family.set_aside) {
+      for (const auto& prefix : p.prefixes)
+        if (starts_with(name, prefix)) part = &p;
+      for (const auto& file : p.sidecars)
+        if (sidecar == file) part = &p;
+    }
+    if (!part && !sidecar.empty()) {  // a file config.json names whose tensors belong to no known part
+      auto& found = parts["tensors of " + sidecar];
+      found.part = "tensors of " + sidecar;
+      found.not_yet = "not used";
+      ++found.tensors;
+      continue;
+    }
+    if (part) {
+      auto& found = parts[part->name];
+      found.part = part->name;
+      found.not_yet = part->not_yet;
+      ++found.tensors;
+      continue;
+    }
+    if (family.unused_by_design && family.unused_by_design(config, name)) continue;
+    return make_error("tensor {} is not used by {} (a {} checkpoint holds no such tensor for this config.json)",
+                      weights.describe(name), config.model_type, family.name);
+  }
+  for (const auto& p : family.set_aside) {  // a part the config describes whose tensors are elsewhere
+    if (parts.count(p.name)) continue;
+    for (const auto& key : p.config_keys)
+      if (config.root.contains(key) && config.root[key].is_object()) {
+        parts[p.name] = SetAsideFinding{.part = p.name, .not_yet = p.not_yet};
+        break;
+      }
+  }
+  std::vector<SetAsideFinding> out;
+  for (auto& [name, finding] : parts) out.push_back(std::move(finding));
+  return out;
+}
+
+// Files beside the main safetensors that hold parts of the model: the family's known sidecars and
+// those config.json names (mlx conversions: "mlx_lm_extra_tensors": {"mtp_file": "mtp.safetensors"}).
+std::vector<std::string> sidecar_files(const ModelFamily& family, const ModelConfigFile& config) {
+  std::vector<std::string> files;
+  for (const auto& p : family.set_aside) files.insert(files.end(), p.sidecars.begin(), p.sidecars.end());
+  for (const auto* j : {&config.root, &config.text}) {
+    if (!j->contains("mlx_lm_extra_tensors") || !(*j)["mlx_lm_extra_tensors"].is_object()) continue;
+    for (const auto& [key, value] : (*j)["mlx_lm_extra_tensors"].items())
+      if (value.is_string()) files.push_back(value.get<std::string>());
+  }
+  return files;
+}
+
 Result<std::unique_ptr<Model>> load_model_unchecked(const std::string& model_dir, Backend& backend,
                                                     const ModelOptions& options) {
   KILN_ASSIGN(ModelConfigFile config, read_model_config(model_dir));
-  auto it = registry().find(config.model_type);
-  if (it == registry().end()) {
-    std::string known;
-    for (const auto& name : supported_model_types()) known += (known.empty() ? "" : ", ") + name;
-    return make_error("unsupported model_type '{}' in {} (supported: {})", config.model_type, config.path, known);
-  }
-  KILN_ASSIGN(WeightStore weights, WeightStore::open(model_dir));
+  KILN_ASSIGN(const ModelFamily* family, family_of(config));
+  KILN_ASSIGN(WeightStore weights, WeightStore::open(model_dir, sidecar_files(*family, config)));
   KILN_ASSIGN(QuantizationConfig quantization, QuantizationConfig::parse(config.text, config.path));
   if (quantization.present())
     spdlog::info("{}: MLX affine quantization, {} bits in groups of {} ({} per-module settings); weights stay packed",
                  model_dir, quantization.bits(), quantization.group_size(), quantization.overrides().size());
   weights.set_quantization(std::move(quantization));
-  KILN_ASSIGN(auto model, it->second(config, weights, backend, options));
-  auto unused = weights.unused();
-  if (!unused.empty())
-    spdlog::warn("{} tensors in {} are not used by {} (first: {})", unused.size(), model_dir, config.model_type,
-                 weights.describe(unused.front()));
+  KILN_ASSIGN(auto model, family->load(config, weights, backend, options));
+  KILN_ASSIGN(auto set_aside, account_for_tensors(*family, config, weights));
+  for (const auto& s : set_aside) {
+    if (s.tensors > 0)
+      spdlog::warn("{} present ({} tensors, set aside): {}", s.part, s.tensors, s.not_yet);
+    else
+      spdlog::warn("{} described in config.json: {}", s.part, s.not_yet);
+  }
+  model->set_set_aside(std::move(set_aside));
   KILN_TRY(backend.status());
   return model;
 }

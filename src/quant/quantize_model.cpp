@@ -15,6 +15,8 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
+#include "models/family.h"
+#include "models/mlx_layout.h"
 #include "models/model.h"
 #include "quant/affine.h"
 
@@ -51,9 +53,6 @@ Result<QuantOverride> parse_quant_override(const std::string& text) {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 bool is_float(DType t) {
   return t == DType::f32 || t == DType::bf16 || t == DType::f16;
 }
@@ -72,42 +71,6 @@ struct Planned {
     return size_t(shape.numel()) * size_t(quant.bits) / 8 + 2 * groups * dtype_size(dtype);
   }
 };
-
-// Rows [begin, begin + count) of a tensor's collapsed [rows, cols] view, restacked as one.
-Tensor stack(const std::vector<Tensor>& parts) {
-  Shape shape = parts.front().shape();
-  Shape out_shape;
-  {
-    std::vector<int64_t> dims{int64_t(parts.size())};
-    for (int i = 0; i < shape.rank(); ++i) dims.push_back(shape[i]);
-    out_shape = Shape(dims.begin(), dims.end());
-  }
-  Tensor out = host_tensor(parts.front().dtype(), out_shape);
-  const size_t bytes = parts.front().nbytes();
-  for (size_t i = 0; i < parts.size(); ++i)
-    std::memcpy(static_cast<char*>(out.data()) + i * bytes, parts[i].data(), bytes);
-  return out;
-}
-
-// Half `which` (0: first rows, 1: last rows) of every matrix of a stack [E, 2I, H].
-Tensor split_half(const Tensor& fused, int which) {
-  const int64_t e = fused.dim(0), rows = fused.dim(1) / 2, cols = fused.dim(2);
-  Tensor out = host_tensor(fused.dtype(), Shape{e, rows, cols});
-  const size_t half = size_t(rows * cols) * dtype_size(fused.dtype());
-  for (int64_t x = 0; x < e; ++x)
-    std::memcpy(static_cast<char*>(out.data()) + size_t(x) * half,
-                static_cast<const char*>(fused.data()) + size_t(2 * x + which) * half, half);
-  return out;
-}
-
-Tensor add_one(const Tensor& t) {
-  Tensor f = host_tensor(DType::f32, t.shape());
-  convert_host(t, DType::f32, f.data());
-  for (int64_t i = 0; i < f.numel(); ++i) f.data_as<float>()[i] += 1.0f;
-  Tensor out = host_tensor(t.dtype(), t.shape());
-  convert_host(f, t.dtype(), out.data());
-  return out;
-}
 
 // The packed codes, scales and biases of a dense tensor.
 std::vector<NamedTensor> quantize_tensor(const Planned& p, ThreadPool& pool) {
@@ -189,103 +152,17 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
   KILN_ASSIGN(ModelConfigFile config, read_model_config(in_dir));
   if (config.text.contains("quantization") || config.text.contains("quantization_config"))
     return make_error("{} is already quantized (config.json has a quantization block)", in_dir);
-  const std::string& type = config.model_type;
-  const bool gemma = type.rfind("gemma4", 0) == 0, qwen = type.rfind("qwen3_5", 0) == 0;
-  if (!gemma && !qwen) return make_error("kiln quantize does not know model_type '{}' in {}", type, config.path);
+  KILN_ASSIGN(const ModelFamily* family, family_of(config));
   // what kiln logits would refuse to load is refused here, before anything is written
   KILN_TRY(check_model(in_dir));
   KILN_ASSIGN(WeightStore store, WeightStore::open(in_dir));
 
-  // mlx-lm's names: the language model under "language_model." except for flat gemma4_text
-  const bool flat = gemma && config.outer_model_type == "gemma4_text";
-  const std::string prefix = flat ? "model." : "language_model.model.";
-  const std::string head = flat ? "lm_head" : "language_model.lm_head";
-  const bool tied = config.text.value("tie_word_embeddings", gemma);
-  const bool moe = qwen && config.text.value("num_experts", 0) > 0;
-
-  // Qwen 3.5 as transformers stores it: conv [C, 1, K] and norms as w (mlx-lm holds [C, K, 1], 1 + w)
-  bool unsanitized_conv = false;
-  for (const auto& name : store.names()) {
-    if (!qwen || !ends_with(name, "conv1d.weight")) continue;
-    KILN_ASSIGN(Tensor conv, store.get(name));
-    unsanitized_conv = unsanitized_conv || conv.dim(-1) != 1;
-  }
-
+  // the text model's tensors as mlx-lm names and lays them out; set-aside parts are not written
+  KILN_ASSIGN(std::vector<MlxTensor> layout, family->quantize.mlx_layout(config, store));
   std::vector<Planned> plan;
-  auto get = [&store](const std::string& name) { return [&store, name]() { return *store.get(name); }; };
-  std::map<std::string, std::map<int64_t, std::string>> per_expert;  // "layers.N.mlp.switch_mlp.P" -> expert -> name
-  for (const auto& name : store.names()) {
-    KILN_ASSIGN(Tensor t, store.get(name));
-    if (!is_float(t.dtype())) return make_error("tensor {} is not a float tensor", store.describe(name));
-    if (name == "lm_head.weight") {
-      if (!tied) plan.push_back({head + ".weight", t.shape(), t.dtype(), get(name), {}});
-      continue;
-    }
-    const auto experts = name.find(".experts.");
-    if (experts != std::string::npos && t.rank() == 3 &&
-        (ends_with(name, ".gate_up_proj") || ends_with(name, ".down_proj"))) {
-      const std::string base = prefix + name.substr(0, experts) + (gemma ? ".experts.switch_glu." : ".switch_mlp.");
-      if (ends_with(name, ".down_proj")) {
-        plan.push_back({base + "down_proj.weight", t.shape(), t.dtype(), get(name), {}});
-      } else {
-        const Shape half{t.dim(0), t.dim(1) / 2, t.dim(2)};
-        for (int which : {0, 1})
-          plan.push_back({base + (which ? "up_proj.weight" : "gate_proj.weight"),
-                          half,
-                          t.dtype(),
-                          [&store, name, which]() { return split_half(*store.get(name), which); },
-                          {}});
-      }
-      continue;
-    }
-    if (experts != std::string::npos && qwen) {  // layers.N.mlp.experts.E.P.weight
-      const std::string rest = name.substr(experts + 9);
-      const auto dot = rest.find('.');
-      const std::string index = rest.substr(0, dot);
-      const int64_t n_experts = config.text.value("num_experts", int64_t(0));
-      if (dot == std::string::npos || index.empty() || index.size() > 9 ||
-          index.find_first_not_of("0123456789") != std::string::npos || !ends_with(rest, ".weight") || t.rank() != 2)
-        return make_error("tensor {} is not an expert's projection (layers.N.mlp.experts.E.PROJ.weight, 2-D)",
-                          store.describe(name));
-      const int64_t e = std::stoll(index);
-      if (e >= n_experts)
-        return make_error("tensor {} is expert {}, but config.json has num_experts {}", store.describe(name), e,
-                          n_experts);
-      const std::string proj = rest.substr(dot + 1, rest.size() - dot - 1 - 7);  // drop ".weight"
-      per_expert[name.substr(0, experts) + ".switch_mlp." + proj][e] = name;
-      continue;
-    }
-    std::function<Tensor()> make = get(name);
-    Shape shape = t.shape();
-    if (qwen && ends_with(name, "conv1d.weight") && unsanitized_conv) {
-      shape = Shape{t.dim(0), t.dim(2), t.dim(1)};  // [C, 1, K] -> [C, K, 1]: the same bytes
-      make = [&store, name, shape]() { return store.get(name)->reshape(shape); };
-    }
-    const bool qwen_norm = name == "norm.weight" || ends_with(name, ".input_layernorm.weight") ||
-                           ends_with(name, ".post_attention_layernorm.weight") || ends_with(name, ".q_norm.weight") ||
-                           ends_with(name, ".k_norm.weight");
-    if (qwen && unsanitized_conv && qwen_norm && t.rank() == 1)
-      make = [&store, name]() { return add_one(*store.get(name)); };
-    plan.push_back({prefix + name, shape, t.dtype(), make, {}});
-  }
-  for (const auto& [base, parts] : per_expert) {
-    std::vector<std::string> names;
-    for (int64_t e = 0; e < int64_t(parts.size()); ++e) {
-      auto it = parts.find(e);
-      if (it == parts.end()) return make_error("{}: expert {} of '{}' is missing", in_dir, e, base);
-      names.push_back(it->second);
-    }
-    KILN_ASSIGN(Tensor first, store.get(names.front()));
-    std::vector<int64_t> dims{int64_t(names.size()), first.dim(0), first.dim(1)};
-    plan.push_back({prefix + base + ".weight",
-                    Shape(dims.begin(), dims.end()),
-                    first.dtype(),
-                    [&store, names]() {
-                      std::vector<Tensor> ts;
-                      for (const auto& n : names) ts.push_back(*store.get(n));
-                      return stack(ts);
-                    },
-                    {}});
+  for (MlxTensor& t : layout) {
+    if (!is_float(t.dtype)) return make_error("tensor '{}' is not a float tensor", t.name);
+    plan.push_back({t.name, t.shape, t.dtype, std::move(t.make), {}});
   }
 
   // what to quantize, as mlx-lm decides, then the overrides
@@ -303,9 +180,7 @@ Result<QuantizeReport> quantize_model_dir(const std::string& in_dir, const std::
     bool indivisible = p.shape[-1] % options.group_size != 0;  // mlx-lm leaves such modules as they are
     if (!indivisible) {
       spec = base_spec;
-      if ((gemma && ends_with(module, "router.proj")) ||
-          (moe && (ends_with(module, "mlp.gate") || ends_with(module, "shared_expert_gate"))))
-        spec = QuantSpec{.quantized = true, .bits = 8, .group_size = 64};
+      if (family->quantize.eight_bit(config, module)) spec = QuantSpec{.quantized = true, .bits = 8, .group_size = 64};
     }
     const QuantOverride* chosen = nullptr;  // the last matching override
     for (size_t i = 0; i < options.overrides.size(); ++i) {

@@ -1,6 +1,8 @@
 // Gemma 4 text decoder. Read against transformers' modeling_gemma4.py (Gemma4TextModel) and
 // mlx-lm's gemma4_text.py.
-#include "models/gemma4.h"
+#include "models/gemma4/gemma4.h"
+
+#include <fmt/format.h>
 
 #include <cmath>
 #include <map>
@@ -47,10 +49,13 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
   c.num_hidden_layers = r.get_int("num_hidden_layers");
   c.num_attention_heads = r.get_int("num_attention_heads");
   c.num_key_value_heads = r.get_int("num_key_value_heads");
+  // defaults are those of transformers' config class for the model_type (save_pretrained leaves out
+  // what equals them): Gemma4TextConfig, or Gemma4UnifiedTextConfig for the 12B's form
+  const bool unified = file.model_type.rfind("gemma4_unified", 0) == 0;
   c.head_dim = r.get_int("head_dim", 256);
-  c.sliding_window = r.get_int("sliding_window", 512);
+  c.sliding_window = r.get_int("sliding_window", unified ? 1024 : 512);
   c.rms_norm_eps = r.get_float("rms_norm_eps", 1e-6);
-  c.max_position_embeddings = r.get_int("max_position_embeddings", 131072);
+  c.max_position_embeddings = r.get_int("max_position_embeddings", unified ? 262144 : 131072);
   if (r.has("final_logit_softcapping")) c.final_logit_softcapping = r.get_float("final_logit_softcapping");
   c.hidden_size_per_layer_input = r.get_int("hidden_size_per_layer_input", 0);
   c.vocab_size_per_layer_input = r.get_int("vocab_size_per_layer_input", c.vocab_size);
@@ -58,7 +63,15 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
   c.num_kv_shared_layers = r.get_int("num_kv_shared_layers", 0);
   c.use_double_wide_mlp = r.get_bool("use_double_wide_mlp", false);
   c.enable_moe_block = r.get_bool("enable_moe_block", false);
-  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", true);
+  // The wrapper classes tie the head by their own (top-level) setting, whatever text_config says:
+  // transformers reads tie_word_embeddings from the config of the model it builds.
+  if (file.wrapped) {
+    ConfigReader top(file.root, file.path);
+    c.tie_word_embeddings = top.get_bool("tie_word_embeddings", true);
+    KILN_TRY(top.status());
+  } else {
+    c.tie_word_embeddings = r.get_bool("tie_word_embeddings", true);
+  }
   if (c.enable_moe_block) {
     c.num_experts = r.get_int("num_experts");
     c.top_k_experts = r.get_int("top_k_experts");
@@ -381,7 +394,7 @@ Status Gemma4Model::load(const WeightStore& store, const std::string& model_type
                     .hidden_size = H,
                     .n_layers = L,
                     .max_position_embeddings = c.max_position_embeddings,
-                    .weight_bytes = store.total_bytes()};
+                    .weight_bytes = store.used_bytes()};
   return ok_status();
 }
 
@@ -530,7 +543,10 @@ void Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
     attn = cached_attention(backend_, batch, int(l), q, nullptr, nullptr, shape);
   }
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
-  output_projection(backend_, attn, w.o_proj, out, &then);
+  if (!dumping()) return output_projection(backend_, attn, w.o_proj, out, &then);
+  output_projection(backend_, attn, w.o_proj, out, nullptr);  // unfused: the fused op may not store `out`
+  dump(fmt::format("layers.{}.self_attn", l), out);
+  backend_.residual_norm(reading(then, out));
 }
 
 // The feed-forward block reads the post-attention residual h through up to three norms: the dense
@@ -539,17 +555,26 @@ void Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
 void Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in, const ResidualNormArgs& then) {
   const Gemma4Layer& w = layers_[size_t(l)];
   if (!config_.enable_moe_block) {
-    glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh, &then);
+    if (!dumping()) {
+      glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh, &then);
+      return;
+    }
+    Tensor mlp = glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh);
+    dump(fmt::format("layers.{}.mlp", l), mlp);
+    backend_.residual_norm(reading(then, mlp));
     return;
   }
   Tensor mlp = glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh);
+  dump(fmt::format("layers.{}.mlp", l), mlp);
 
   Tensor logits = backend_.alloc(DType::f32, Shape{in.router.rows(), config_.num_experts});
   backend_.matmul(in.router, w.router_proj, logits);
+  dump(fmt::format("layers.{}.router_logits", l), logits);
   Tensor experts = routed_experts(
       backend_, logits, in.experts, w.experts,
       MoeRouting{.top_k = int(config_.top_k_experts), .renormalize = true, .expert_scale = w.per_expert_scale},
       Activation::gelu_tanh);
+  dump(fmt::format("layers.{}.experts", l), experts);
   Tensor out = norm(mlp, w.post_feedforward_layernorm_1);  // the dense part plus the experts' part
   backend_.residual_norm(ResidualNormArgs{.residual = out,
                                           .block_out = experts,
@@ -581,6 +606,7 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 
   Tensor h = backend_.alloc(dt, Shape{T, H});
   backend_.embed(prepared.ids, embed_tokens, float(std::sqrt(double(H))), h);  // [T, H]
+  dump("embed_tokens", h);
   Tensor ple;
   if (P > 0) ple = per_layer_inputs(prepared.ids, h);  // [T, L·P]
 
@@ -626,21 +652,25 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
       normed_next(ff_residual);
     }
     feed_forward_block(l, ff_in, ff_residual);
-    if (P == 0) continue;
-    Tensor gate = backend_.alloc(dt, Shape{T, P});
-    backend_.matmul(h, w.per_layer_input_gate, gate);
-    backend_.glu(gate, ple.cols_view(l * P, P), Activation::gelu_tanh, gate);
-    Tensor proj = backend_.alloc(dt, Shape{T, H});
-    ResidualNormArgs per_layer_residual{
-        .residual = h, .block_norm = w.post_per_layer_input_norm, .eps = eps, .scale = w.layer_scalar};
-    normed_next(per_layer_residual);
-    output_projection(backend_, gate, w.per_layer_projection, proj, &per_layer_residual);
+    if (P > 0) {
+      Tensor gate = backend_.alloc(dt, Shape{T, P});
+      backend_.matmul(h, w.per_layer_input_gate, gate);
+      backend_.glu(gate, ple.cols_view(l * P, P), Activation::gelu_tanh, gate);
+      Tensor proj = backend_.alloc(dt, Shape{T, H});
+      ResidualNormArgs per_layer_residual{
+          .residual = h, .block_norm = w.post_per_layer_input_norm, .eps = eps, .scale = w.layer_scalar};
+      normed_next(per_layer_residual);
+      output_projection(backend_, gate, w.per_layer_projection, proj, &per_layer_residual);
+    }
+    dump(fmt::format("layers.{}", l), h);
   }
 
   if (!final_normed.defined()) final_normed = norm(select_rows(backend_, h, batch, rows), norm_weight);
+  dump("norm", final_normed);
   Tensor logits = backend_.alloc(DType::f32, Shape{final_normed.rows(), config_.vocab_size});
   backend_.matmul(final_normed, lm_head, logits);
   if (config_.final_logit_softcapping) backend_.softcap(logits, float(*config_.final_logit_softcapping));
+  dump("logits", logits);
   return logits;
 }
 

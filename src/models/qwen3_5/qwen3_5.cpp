@@ -1,6 +1,8 @@
 // Qwen 3.5 text decoder. Read against transformers' modeling_qwen3_5.py / modeling_qwen3_5_moe.py
 // (Qwen3_5TextModel) and mlx-lm's qwen3_5.py.
-#include "models/qwen3_5.h"
+#include "models/qwen3_5/qwen3_5.h"
+
+#include <fmt/format.h>
 
 #include <cmath>
 
@@ -27,7 +29,15 @@ Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file) {
   c.linear_value_head_dim = r.get_int("linear_value_head_dim", 128);
   c.linear_num_key_heads = r.get_int("linear_num_key_heads", 16);
   c.linear_num_value_heads = r.get_int("linear_num_value_heads", 32);
-  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  // The wrapper classes tie the head by their own (top-level) setting, whatever text_config says:
+  // transformers reads tie_word_embeddings from the config of the model it builds.
+  if (file.wrapped) {
+    ConfigReader top(file.root, file.path);
+    c.tie_word_embeddings = top.get_bool("tie_word_embeddings", false);
+    KILN_TRY(top.status());
+  } else {
+    c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  }
   c.max_position_embeddings = r.get_int("max_position_embeddings", 32768);
   c.num_experts = r.get_int("num_experts", 0);
   if (c.num_experts > 0) {
@@ -199,7 +209,7 @@ class Qwen35Model final : public Model {
  private:
   // Each block ends with the residual update `then` that reads its output.
   void attention_block(const BatchLayout& batch, int64_t l, const Tensor& x, const ResidualNormArgs& then);
-  void feed_forward_block(const Qwen35Layer& w, const Tensor& x, const ResidualNormArgs& then);
+  void feed_forward_block(int64_t l, const Tensor& x, const ResidualNormArgs& then);
   Tensor norm(const Tensor& x, const Tensor& weight);
 
   Qwen35Config config_;
@@ -285,7 +295,7 @@ Status Qwen35Model::load(const WeightStore& store, const std::string& model_type
                     .hidden_size = H,
                     .n_layers = c.num_hidden_layers,
                     .max_position_embeddings = c.max_position_embeddings,
-                    .weight_bytes = store.total_bytes()};
+                    .weight_bytes = store.used_bytes()};
   return ok_status();
 }
 
@@ -410,12 +420,22 @@ void Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
           .n_heads = int(Hq), .n_kv_heads = int(kv), .head_dim = int(hd), .scale = float(1.0 / std::sqrt(double(hd)))},
       gate);
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
-  output_projection(backend_, attn, w.o_proj, out, &then);
+  if (!dumping()) return output_projection(backend_, attn, w.o_proj, out, &then);
+  output_projection(backend_, attn, w.o_proj, out, nullptr);  // unfused: the fused op may not store `out`
+  dump(fmt::format("layers.{}.self_attn", l), out);
+  backend_.residual_norm(reading(then, out));
 }
 
-void Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x, const ResidualNormArgs& then) {
+void Qwen35Model::feed_forward_block(int64_t l, const Tensor& x, const ResidualNormArgs& then) {
+  const Qwen35Layer& w = layers_[size_t(l)];
   if (config_.num_experts == 0) {
-    glu_mlp(backend_, x, w.mlp, Activation::silu, &then);
+    if (!dumping()) {
+      glu_mlp(backend_, x, w.mlp, Activation::silu, &then);
+      return;
+    }
+    Tensor mlp = glu_mlp(backend_, x, w.mlp, Activation::silu);
+    dump(fmt::format("layers.{}.mlp", l), mlp);
+    backend_.residual_norm(reading(then, mlp));
     return;
   }
   const bool shared = config_.shared_expert_intermediate_size > 0;
@@ -426,12 +446,14 @@ void Qwen35Model::feed_forward_block(const Qwen35Layer& w, const Tensor& x, cons
   products.push_back({w.router, logits});
   if (shared) products.push_back({w.shared_expert_gate, shared_gate});
   backend_.matmul_many(x, products);
+  dump(fmt::format("layers.{}.router_logits", l), logits);
   Tensor out = routed_experts(
       backend_, logits, x, w.experts,
       MoeRouting{
           .top_k = int(config_.num_experts_per_tok), .renormalize = config_.norm_topk_prob, .expert_scale = Tensor()},
       Activation::silu);
   if (shared) backend_.add_sigmoid_gated(out, glu_mlp(backend_, x, w.shared_expert, Activation::silu), shared_gate);
+  dump(fmt::format("layers.{}.mlp", l), out);
   backend_.residual_norm(reading(then, out));
 }
 
@@ -441,6 +463,7 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 
   Tensor h = backend_.alloc(backend_.activation_dtype(), Shape{T, H});
   backend_.embed(prepared.ids, embed_tokens, 1.0f, h);
+  dump("embed_tokens", h);
   const int64_t L = config_.num_hidden_layers;
   const float eps = float(config_.rms_norm_eps);
   const DType dt = backend_.activation_dtype();
@@ -453,10 +476,15 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
     Tensor ff_in = backend_.alloc(dt, Shape{T, H});
     const ResidualNormArgs mixer_residual{
         .residual = h, .next = ff_in, .next_norm = w.post_attention_layernorm, .eps = eps, .norm_offset = norm_offset_};
-    if (w.linear)
+    if (w.linear && !dumping()) {
       gated_delta_net(backend_, batch, int(l), x, w.delta, delta_shape_, &mixer_residual);
-    else
+    } else if (w.linear) {  // unfused: the fused op may not store the block's output
+      Tensor out = gated_delta_net(backend_, batch, int(l), x, w.delta, delta_shape_, nullptr);
+      dump(fmt::format("layers.{}.linear_attn", l), out);
+      backend_.residual_norm(reading(mixer_residual, out));
+    } else {
       attention_block(batch, l, x, mixer_residual);
+    }
     ResidualNormArgs ff_residual{.residual = h, .eps = eps, .norm_offset = norm_offset_};
     if (l + 1 < L) {
       x = backend_.alloc(dt, Shape{T, H});
@@ -467,11 +495,14 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
       ff_residual.next = last;
       ff_residual.next_norm = norm_weight;
     }
-    feed_forward_block(w, ff_in, ff_residual);
+    feed_forward_block(l, ff_in, ff_residual);
+    dump(fmt::format("layers.{}", l), h);
   }
   if (!last.defined()) last = norm(select_rows(backend_, h, batch, rows), norm_weight);
+  dump("norm", last);
   Tensor logits = backend_.alloc(DType::f32, Shape{last.rows(), config_.vocab_size});
   backend_.matmul(last, lm_head, logits);
+  dump("logits", logits);
   return logits;
 }
 

@@ -1,11 +1,12 @@
-// Gemma 4 text decoder: gemma4_text checkpoints and the language model of gemma4 (multimodal)
-// checkpoints, in transformers' and mlx-lm's layouts.
+// Gemma 4 text decoder: gemma4_text and gemma4_unified_text checkpoints and the language model of
+// the gemma4 and gemma4_unified (multimodal) wrappers, in transformers' and mlx-lm's layouts.
 //
 // Covers every text variant: sliding and full attention layers with their own head dims and KV
 // heads, attention_k_eq_v, q/k/v norms, attention scale 1, default and "proportional" RoPE,
 // per-layer inputs (e2b/e4b), KV sharing and the double-wide MLP, layer_scalar, the MoE block
 // (26B-A4B), GeGLU, final logit softcapping, tied embeddings.
-// Leaves out: the vision and audio towers, bidirectional attention over image tokens.
+// Leaves out: the vision and audio encoders (set aside, see family.cpp), bidirectional attention
+// over image tokens.
 #pragma once
 
 #include <nlohmann/json.hpp>

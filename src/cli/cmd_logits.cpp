@@ -1,5 +1,6 @@
-// kiln logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--prefill-chunk N]
-// Writes f32 logits [len(ids), vocab] for every position: kiln's public parity check.
+// kiln logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--prefill-chunk N] [--dump DIR]
+// Writes f32 logits [len(ids), vocab] for every position: kiln's public parity check. With
+// --dump DIR, also each layer's named activations, to compare with the oracle's layer by layer.
 #include <spdlog/spdlog.h>
 
 #include <charconv>
@@ -7,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/validators.h"
 #include "core/npy.h"
+#include "models/activation_dump.h"
 #include "models/model.h"
 #include "runtime/prefill.h"
 
@@ -38,6 +40,7 @@ struct LogitsOptions {
   std::string model_dir;
   std::string ids;
   std::string out;
+  std::string dump_dir;
   int64_t prefill_chunk = 0;
   RunOptions run;
 };
@@ -54,7 +57,14 @@ Status run_logits(const LogitsOptions& o) {
   if (trained > 0 && int64_t(ids.size()) > trained)
     spdlog::warn("{} ids run past the model's max_position_embeddings ({})", ids.size(), trained);
   KILN_ASSIGN(auto state, model->new_sequence(int64_t(ids.size())));
+  ActivationRecorder recorder;
+  if (!o.dump_dir.empty()) model->set_activation_dump(&recorder);
   KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, model_options.max_chunk_tokens, LogitRows::all));
+  model->set_activation_dump(nullptr);
+  if (!o.dump_dir.empty()) {
+    KILN_TRY(recorder.write_npy_dir(o.dump_dir));
+    spdlog::info("wrote {} activations to {}", recorder.arrays().size(), o.dump_dir);
+  }
   KILN_TRY(write_npy_f32(o.out, logits.data_as<float>(), {logits.dim(0), logits.dim(1)}));
   spdlog::info("wrote {} x {} logits to {}", logits.dim(0), logits.dim(1), o.out);
   return ok_status();
@@ -68,6 +78,8 @@ void add_logits_command(CLI::App& app, Action& action) {
   cmd->add_option("model_dir", options->model_dir, "Model directory (config.json, *.safetensors)")->required();
   cmd->add_option("--ids", options->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", options->out, "Output .npy file (float32 [ids, vocab])")->required();
+  cmd->add_option("--dump", options->dump_dir,
+                  "Also write each layer's named activations (layers.N.self_attn, layers.N, ...) as DIR/NAME.npy");
   cmd->add_option("--prefill-chunk", options->prefill_chunk,
                   "Feed the ids through the cache this many at a time (1: pure decode; default: all at once)")
       ->check(positive_number());

@@ -143,7 +143,8 @@ ModelFamily make_qwen3_5_family() {
   };
   f.quantize.mlx_layout = qwen3_5_mlx_layout;
   f.quantize.eight_bit = [](const ModelConfigFile& file, const std::string& module) {
-    const bool moe = file.text.value("num_experts", 0) > 0;
+    const auto& n = file.text.contains("num_experts") ? file.text["num_experts"] : nlohmann::json();
+    const bool moe = n.is_number_integer() && n.get<int64_t>() > 0;
     return moe && (ends_with(module, "mlp.gate") || ends_with(module, "shared_expert_gate"));
   };
   f.chat = ChatMarkup{.think_open = "<think>",

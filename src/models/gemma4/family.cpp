@@ -4,6 +4,7 @@
 
 #include "models/family.h"
 #include "models/gemma4/gemma4.h"
+#include "models/gemma4/towers.h"
 #include "models/mlx_layout.h"
 
 namespace kiln {
@@ -96,6 +97,7 @@ ModelFamily make_gemma4_family() {
     KILN_ASSIGN(Gemma4Config c, parse_gemma4_config(file));
     return gemma4_checkpoint_tensors(c);
   };
+  f.part_tensors = gemma4_part_tensors;
   f.unused_by_design = gemma4_unused_by_design;
   f.set_aside = {
       {.name = "vision encoder",

@@ -5,6 +5,7 @@
 #include "models/family.h"
 #include "models/mlx_layout.h"
 #include "models/qwen3_5/qwen3_5.h"
+#include "models/qwen3_5/towers.h"
 
 namespace kiln {
 
@@ -124,6 +125,7 @@ ModelFamily make_qwen3_5_family() {
     KILN_ASSIGN(Qwen35Config c, parse_qwen3_5_config(file));
     return qwen3_5_checkpoint_tensors(c);
   };
+  f.part_tensors = qwen3_5_part_tensors;
   // transformers ties the head to embed_tokens after loading: a stored lm_head.weight is not read
   f.unused_by_design = [](const ModelConfigFile& file, const std::string& name) {
     if (name != "lm_head.weight") return false;

@@ -67,10 +67,19 @@ namespace {
 
 using Outputs = std::vector<OpOutput>;
 
-std::string dims(std::initializer_list<int64_t> sizes) {
+// "a,b,c" of the numbers, joined by `sep`
+template <typename Range>
+std::string joined(const Range& numbers, const char* sep) {
   std::string s;
-  for (int64_t d : sizes) s += (s.empty() ? "" : "x") + std::to_string(d);
+  for (auto n : numbers) {
+    if (!s.empty()) s += sep;
+    s += std::to_string(n);
+  }
   return s;
+}
+
+std::string dims(std::initializer_list<int64_t> sizes) {
+  return joined(sizes, "x");
 }
 
 // Host tensors laid end to end, as one flat tensor (f32 or i32).
@@ -138,7 +147,8 @@ OpOutput exact(std::string name, const Tensor& value) {
 class Table {
  public:
   void add(std::string op, std::string shape, DType act, DType out, std::function<Outputs(OpRun&)> run) {
-    cases.push_back(OpCase{.op = std::move(op), .shape = std::move(shape), .act = act, .out = out, .run = std::move(run)});
+    cases.push_back(
+        OpCase{.op = std::move(op), .shape = std::move(shape), .act = act, .out = out, .run = std::move(run)});
   }
   void add(std::string op, std::string shape, DType act, std::function<Outputs(OpRun&)> run) {
     add(std::move(op), std::move(shape), act, act, std::move(run));
@@ -158,7 +168,7 @@ const char* act_name(Activation act) {
 struct Size2 {
   int64_t rows, cols;
 };
-constexpr Size2 kElementwise[] = {{1, 1}, {1, 31}, {33, 32}, {63, 65}, {127, 33}, {3, 1031}};
+constexpr Size2 kElementwise[] = {{1, 1}, {1, 31}, {33, 32}, {63, 65}, {127, 33}, {37, 160}, {5, 333}, {3, 1031}};
 
 void elementwise(Table& t) {
   for (const Size2 s : kElementwise)
@@ -243,15 +253,16 @@ void selection(Table& t) {
 // ---- norms ----
 
 void norms(Table& t) {
-  const Size2 sizes[] = {{1, 32}, {31, 33}, {33, 127}, {65, 160}, {3, 1031}, {2, 1024}, {5, 4096}, {3, 5376}};
+  const Size2 sizes[] = {{1, 32},   {31, 33},  {33, 127}, {37, 160}, {65, 160},
+                         {3, 1031}, {2, 1024}, {5, 4096}, {3, 5376}};
   struct Weighting {
     const char* name;
     bool weight;
     float offset;
   };
   for (const Size2 s : sizes)
-    for (const Weighting w : {Weighting{"weight", true, 0.0f}, Weighting{"weight+1", true, 1.0f},
-                              Weighting{"no weight", false, 0.0f}})
+    for (const Weighting w :
+         {Weighting{"weight", true, 0.0f}, Weighting{"weight+1", true, 1.0f}, Weighting{"no weight", false, 0.0f}})
       for (DType dt : kFloatTypes)
         t.add("rms_norm", fmt::format("{} {}", dims({s.rows, s.cols}), w.name), dt, [=](OpRun& r) {
           const Tensor x = r.random(Shape{s.rows, s.cols}, 2.0f), weight = r.random(Shape{s.cols});
@@ -320,7 +331,9 @@ void residual(Table& t) {
       for (int next : {0, 1, 2})  // no next norm, one, two
         for (DType dt : kFloatTypes) {
           const std::string shape = fmt::format("{}{}{}", dims({v.rows, v.cols}), block_norm ? " block norm" : "",
-                                                next == 0 ? "" : next == 1 ? " next" : " next+more");
+                                                next == 0   ? ""
+                                                : next == 1 ? " next"
+                                                            : " next+more");
           t.add("residual_norm", shape, dt, [=](OpRun& r) {
             ResidualInputs in = residual_inputs(r, v.rows, v.cols, block_norm, next > 0, next > 1);
             r.b.residual_norm(in.args);
@@ -407,7 +420,7 @@ void dense_products(Table& t) {
           for (int i = 0; i < 7; ++i) ids.push_back((i * 13 + 5) % 53);
           Tensor out = r.alloc(Shape{7, cols});
           r.b.embed(r.up_i32(r.ints(ids)), r.weight(table), scale, out);
-          return Outputs{output("out", r.host(out), r.act)};
+          return Outputs{scale == 1.0f ? exact("out", r.host(out)) : output("out", r.host(out), r.act)};  // copied rows
         });
 }
 
@@ -512,7 +525,8 @@ void rope(Table& t) {
     int64_t tokens, heads;
     int hd, n_pairs, offset;
   };
-  for (const Plain p : {Plain{9, 4, 64, 16, 32}, Plain{5, 3, 96, 24, 48}, Plain{1, 1, 128, 64, 64}, Plain{33, 2, 256, 64, 128}})
+  for (const Plain p :
+       {Plain{9, 4, 64, 16, 32}, Plain{5, 3, 96, 24, 48}, Plain{1, 1, 128, 64, 64}, Plain{33, 2, 256, 64, 128}})
     for (DType dt : kFloatTypes)
       t.add("rope", fmt::format("{} pairs {} offset {}", dims({p.tokens, p.heads, p.hd}), p.n_pairs, p.offset), dt,
             [=](OpRun& r) {
@@ -532,8 +546,9 @@ void rope(Table& t) {
     int hd, n_pairs, offset;
     bool strided, weighted;
   };
-  for (const Normed c : {Normed{64, 32, 32, true, true}, Normed{256, 16, 32, false, true}, Normed{512, 64, 256, false, true},
-                         Normed{128, 0, 0, false, false}, Normed{640, 32, 320, true, true}})
+  for (const Normed c :
+       {Normed{64, 32, 32, true, true}, Normed{256, 16, 32, false, true}, Normed{512, 64, 256, false, true},
+        Normed{128, 0, 0, false, false}, Normed{640, 32, 320, true, true}})
     for (DType dt : kFloatTypes)
       t.add("rope",
             fmt::format("7x3x{} pairs {} offset {} normalized{}{}", c.hd, c.n_pairs, c.offset,
@@ -558,17 +573,15 @@ void rope(Table& t) {
             });
 }
 
-Outputs cache_outputs(OpRun& r, const std::vector<KvCacheView>& caches, bool exact_values, int64_t terms) {
+// The caches' keys and values (copies of the inputs, or computed from them over `terms` terms) and
+// which positions their slots hold.
+Outputs cache_outputs(OpRun& r, const std::vector<KvCacheView>& caches, bool k_copied, bool v_copied, int64_t terms) {
   Outputs outs;
   for (size_t i = 0; i < caches.size(); ++i) {
     const Tensor k = r.host(caches[i].k), v = r.host(caches[i].v);
-    if (exact_values) {
-      outs.push_back(exact(fmt::format("cache {} k", i), k));
-      outs.push_back(exact(fmt::format("cache {} v", i), v));
-    } else {
-      outs.push_back(output(fmt::format("cache {} k", i), k, r.act, terms));
-      outs.push_back(output(fmt::format("cache {} v", i), v, r.act, terms));
-    }
+    const std::string k_name = fmt::format("cache {} k", i), v_name = fmt::format("cache {} v", i);
+    outs.push_back(k_copied ? exact(k_name, k) : output(k_name, k, r.act, terms));
+    outs.push_back(v_copied ? exact(v_name, v) : output(v_name, v, r.act, terms));
     outs.push_back(exact(fmt::format("cache {} slot_pos", i), r.host(caches[i].slot_pos)));
   }
   return outs;
@@ -581,9 +594,12 @@ void kv_and_attention(Table& t) {
     t.add("kv_write", fmt::format("4x2x{} capacity 8", hd), kBf16, [=](OpRun& r) {
       const Tensor k = r.random(Shape{4, 2, hd}), v = r.random(Shape{4, 2, hd});
       std::vector<KvCacheView> caches = {zeroed_cache(r, 8, 2, hd), zeroed_cache(r, 8, 2, hd)};
-      r.b.kv_write(KvWriteArgs{
-          .k = r.up(k), .v = r.up(v), .positions = r.up_i32(r.ints(positions_of(seqs))), .seqs = seqs, .caches = caches});
-      return cache_outputs(r, caches, true, 1);
+      r.b.kv_write(KvWriteArgs{.k = r.up(k),
+                               .v = r.up(v),
+                               .positions = r.up_i32(r.ints(positions_of(seqs))),
+                               .seqs = seqs,
+                               .caches = caches});
+      return cache_outputs(r, caches, true, true, 1);
     });
   // Gemma 4's global layer (keys as values, a value norm, proportional RoPE on 512-wide heads), its
   // sliding layer (the value norm in place) and Qwen 3.5's (queries read from a strided view, norm
@@ -627,7 +643,7 @@ void kv_and_attention(Table& t) {
                 .v_norm_eps = 1e-6f,
                 .kv = KvWriteArgs{.k = kd, .v = vd, .positions = pos, .seqs = seqs, .caches = caches}});
             Outputs outs{output("q", r.host(q), r.act, c.hd)};
-            for (OpOutput& o : cache_outputs(r, caches, false, c.hd)) outs.push_back(std::move(o));
+            for (OpOutput& o : cache_outputs(r, caches, false, !c.v_norm, c.hd)) outs.push_back(std::move(o));
             return outs;
           });
 
@@ -641,56 +657,57 @@ void kv_and_attention(Table& t) {
   std::vector<Attn> cases;
   for (int hd : {32, 64, 128, 256, 512})
     for (int64_t window : {0, 9}) cases.push_back({8, 2, hd, window, 7, false});
-  cases.insert(cases.end(), {{6, 1, 128, 0, 13, false},   // a group that does not divide the tile
-                             {16, 16, 64, 0, 5, false},   // no grouping
-                             {16, 1, 512, 0, 3, false},   // Gemma 4's global layers: 16 heads on one
-                             {16, 1, 512, 9, 5, false},   // KV head, spread over blocks
-                             {8, 2, 128, 0, 7, true},     // with an output gate, as Qwen 3.5's
+  cases.insert(cases.end(), {{6, 1, 128, 0, 13, false},  // a group that does not divide the tile
+                             {16, 16, 64, 0, 5, false},  // no grouping
+                             {16, 1, 512, 0, 3, false},  // Gemma 4's global layers: 16 heads on one
+                             {16, 1, 512, 9, 5, false},  // KV head, spread over blocks
+                             {8, 2, 128, 0, 7, true},    // with an output gate, as Qwen 3.5's
                              {8, 2, 256, 0, 7, true}});
   for (const Attn c : cases)
-    t.add("attention",
-          fmt::format("{}x{} kv {} window {} chunk {}{}", c.hq, c.hd, c.hkv, c.window, c.chunk, c.gated ? " gated" : ""),
-          kBf16, [=](OpRun& r) {
-            const std::vector<int64_t> lengths = {45, 19};
-            const int64_t capacity = c.window ? c.window - 1 + c.chunk : 64;
-            std::vector<KvCacheView> all = {zeroed_cache(r, capacity, c.hkv, c.hd),
-                                            zeroed_cache(r, capacity, c.hkv, c.hd)};
-            std::vector<Tensor> outs;
-            for (int64_t begin = 0; begin < 45;) {
-              const int64_t step = begin < 30 ? c.chunk : 1;  // prefill in chunks, then decode
-              std::vector<SeqRows> seqs;
-              std::vector<KvCacheView> caches;
-              int64_t rows = 0;
-              for (size_t s = 0; s < lengths.size(); ++s) {
-                const int64_t n = std::min(step, lengths[s] - begin);
-                if (n <= 0) continue;
-                seqs.push_back(SeqRows{rows, n, begin});
-                caches.push_back(all[s]);
-                rows += n;
-              }
-              const Tensor q = r.random(Shape{rows, c.hq, c.hd}), k = r.random(Shape{rows, c.hkv, c.hd}),
-                           v = r.random(Shape{rows, c.hkv, c.hd}), gate = r.random(Shape{rows * c.hq, 2 * c.hd});
-              // everything uploaded first, so that the attention runs right after the cache write
-              const Tensor pos = r.up_i32(r.ints(positions_of(seqs))), qd = r.up(q), kd = r.up(k), vd = r.up(v);
-              const Tensor gated = c.gated ? r.up(gate).cols_view(c.hd, c.hd) : Tensor();
-              Tensor out = r.alloc(Shape{rows, c.hq, c.hd});
-              r.b.kv_write(KvWriteArgs{.k = kd, .v = vd, .positions = pos, .seqs = seqs, .caches = caches});
-              r.b.attention(AttentionArgs{.q = qd,
-                                          .out = out,
-                                          .positions = pos,
-                                          .seqs = seqs,
-                                          .caches = caches,
-                                          .n_heads = c.hq,
-                                          .n_kv_heads = c.hkv,
-                                          .head_dim = c.hd,
-                                          .scale = 0.125f,
-                                          .window = c.window,
-                                          .output_gate = gated});
-              outs.push_back(r.host(out));
-              begin += step;
+    t.add(
+        "attention",
+        fmt::format("{}x{} kv {} window {} chunk {}{}", c.hq, c.hd, c.hkv, c.window, c.chunk, c.gated ? " gated" : ""),
+        kBf16, [=](OpRun& r) {
+          const std::vector<int64_t> lengths = {45, 19};
+          const int64_t capacity = c.window ? c.window - 1 + c.chunk : 64;
+          std::vector<KvCacheView> all = {zeroed_cache(r, capacity, c.hkv, c.hd),
+                                          zeroed_cache(r, capacity, c.hkv, c.hd)};
+          std::vector<Tensor> outs;
+          for (int64_t begin = 0; begin < 45;) {
+            const int64_t step = begin < 30 ? c.chunk : 1;  // prefill in chunks, then decode
+            std::vector<SeqRows> seqs;
+            std::vector<KvCacheView> caches;
+            int64_t rows = 0;
+            for (size_t s = 0; s < lengths.size(); ++s) {
+              const int64_t n = std::min(step, lengths[s] - begin);
+              if (n <= 0) continue;
+              seqs.push_back(SeqRows{rows, n, begin});
+              caches.push_back(all[s]);
+              rows += n;
             }
-            return Outputs{output("out", concat(outs), r.act, std::max<int64_t>(c.hd, 45))};
-          });
+            const Tensor q = r.random(Shape{rows, c.hq, c.hd}), k = r.random(Shape{rows, c.hkv, c.hd}),
+                         v = r.random(Shape{rows, c.hkv, c.hd}), gate = r.random(Shape{rows * c.hq, 2 * c.hd});
+            // everything uploaded first, so that the attention runs right after the cache write
+            const Tensor pos = r.up_i32(r.ints(positions_of(seqs))), qd = r.up(q), kd = r.up(k), vd = r.up(v);
+            const Tensor gated = c.gated ? r.up(gate).cols_view(c.hd, c.hd) : Tensor();
+            Tensor out = r.alloc(Shape{rows, c.hq, c.hd});
+            r.b.kv_write(KvWriteArgs{.k = kd, .v = vd, .positions = pos, .seqs = seqs, .caches = caches});
+            r.b.attention(AttentionArgs{.q = qd,
+                                        .out = out,
+                                        .positions = pos,
+                                        .seqs = seqs,
+                                        .caches = caches,
+                                        .n_heads = c.hq,
+                                        .n_kv_heads = c.hkv,
+                                        .head_dim = c.hd,
+                                        .scale = 0.125f,
+                                        .window = c.window,
+                                        .output_gate = gated});
+            outs.push_back(r.host(out));
+            begin += step;
+          }
+          return Outputs{output("out", concat(outs), r.act, std::max<int64_t>(c.hd, 45))};
+        });
 }
 
 // ---- recurrent: causal conv, gated delta ----
@@ -711,8 +728,7 @@ void recurrent(Table& t) {
   convs.push_back({63, {5, 1}, 4, 2, false});
   for (const Conv& c : convs)
     for (DType dt : kFloatTypes) {
-      std::string lengths;
-      for (int64_t l : c.lengths) lengths += (lengths.empty() ? "" : ",") + std::to_string(l);
+      const std::string lengths = joined(c.lengths, ",");
       t.add("causal_conv1d",
             fmt::format("{} channels kernel {} rows {} calls {}{}", c.channels, c.kernel, lengths, c.calls,
                         c.silu ? "" : " no silu"),
@@ -725,7 +741,8 @@ void recurrent(Table& t) {
               }
               const Tensor w = r.up_f32(r.random(Shape{c.channels, c.kernel}, 0.5f));
               std::vector<Tensor> states;
-              for (size_t i = 0; i < seqs.size(); ++i) states.push_back(r.up(r.random(Shape{c.kernel - 1, c.channels})));
+              for (size_t i = 0; i < seqs.size(); ++i)
+                states.push_back(r.up(r.random(Shape{c.kernel - 1, c.channels})));
               std::vector<Tensor> outs, state_values;
               for (int call = 0; call < c.calls; ++call) {
                 Tensor out = r.alloc(Shape{tokens, c.channels});
@@ -751,23 +768,23 @@ void recurrent(Table& t) {
   };
   constexpr auto recurrent = DeltaRuleAlgorithm::recurrent, chunked = DeltaRuleAlgorithm::chunked;
   const Delta deltas[] = {
-      {16, 32, 128, 128, {1, 1, 1}, 2, recurrent, false},  // Qwen 3.5 4B's heads, several sequences
-      {16, 32, 128, 128, {3, 1, 5}, 2, recurrent, false},  // several tokens per sequence
-      {2, 4, 32, 36, {1, 2}, 3, recurrent, false},         // a half-empty column slice, rows past k_dim
-      {1, 3, 200, 12, {2}, 2, recurrent, false},           // k_dim over 128
-      {2, 4, 48, 30, {1, 3}, 2, recurrent, false},         // v_dim no multiple of 4
+      {16, 32, 128, 128, {1, 1, 1}, 2, recurrent, false},               // Qwen 3.5 4B's heads, several sequences
+      {16, 32, 128, 128, {3, 1, 5}, 2, recurrent, false},               // several tokens per sequence
+      {2, 4, 32, 36, {1, 2}, 3, recurrent, false},                      // a half-empty column slice, rows past k_dim
+      {1, 3, 200, 12, {2}, 2, recurrent, false},                        // k_dim over 128
+      {2, 4, 48, 30, {1, 3}, 2, recurrent, false},                      // v_dim no multiple of 4
       {1, 2, 16, 8, std::vector<int64_t>(70, 1), 2, recurrent, false},  // more sequences than a launch takes
-      {16, 32, 128, 128, {1, 1, 1}, 2, recurrent, true},   // with the output norm
+      {16, 32, 128, 128, {1, 1, 1}, 2, recurrent, true},                // with the output norm
       {2, 4, 48, 30, {1, 3}, 2, recurrent, true},
-      {16, 32, 128, 128, {200}, 1, chunked, false},        // a prompt
-      {16, 48, 128, 128, {70, 1}, 1, chunked, false},      // three value heads per key head
-      {1, 3, 200, 36, {100, 1}, 2, chunked, false},        // k_dim padded to 16, a part-filled slice
-      {2, 4, 36, 20, {100, 3}, 2, chunked, false},         // q and k rows not in 16-byte pieces
-      {16, 32, 128, 128, {70, 1}, 1, chunked, true},       // with the output norm
+      {16, 32, 128, 128, {200}, 1, chunked, false},    // a prompt
+      {16, 48, 128, 128, {70, 1}, 1, chunked, false},  // three value heads per key head
+      {1, 3, 200, 36, {100, 1}, 2, chunked, false},    // k_dim padded to 16, a part-filled slice
+      {2, 4, 36, 20, {100, 3}, 2, chunked, false},     // q and k rows not in 16-byte pieces
+      {16, 32, 128, 128, {70, 1}, 1, chunked, true},   // with the output norm
   };
   for (const Delta& c : deltas) {
-    std::string rows;
-    for (size_t i = 0; i < std::min<size_t>(c.rows.size(), 3); ++i) rows += (rows.empty() ? "" : ",") + std::to_string(c.rows[i]);
+    std::string rows =
+        joined(std::vector<int64_t>(c.rows.begin(), c.rows.begin() + std::min<size_t>(c.rows.size(), 3)), ",");
     if (c.rows.size() > 3) rows += fmt::format(" ({} sequences)", c.rows.size());
     t.add("gated_delta",
           fmt::format("{} heads {}/{} {}x{} rows {} calls {}{}", c.algorithm == recurrent ? "recurrent" : "chunked",
@@ -787,7 +804,8 @@ void recurrent(Table& t) {
             }
             const Tensor a_log_d = r.up_f32(r.floats(a_log)), dt_d = r.up_f32(r.floats(dt));
             std::vector<Tensor> states;
-            for (size_t i = 0; i < seqs.size(); ++i) states.push_back(r.up_f32(r.random(Shape{c.hv, c.dk, c.dv}, 0.5f)));
+            for (size_t i = 0; i < seqs.size(); ++i)
+              states.push_back(r.up_f32(r.random(Shape{c.hv, c.dk, c.dv}, 0.5f)));
             const int64_t width = 2 * int64_t(c.hk) * c.dk + int64_t(c.hv) * c.dv, out_width = int64_t(c.hv) * c.dv;
             std::vector<Tensor> outs;
             for (int call = 0; call < c.calls; ++call) {
@@ -817,7 +835,8 @@ void recurrent(Table& t) {
             int64_t longest = 0;
             for (int64_t n : c.rows) longest = std::max(longest, n);
             const int64_t terms = int64_t(c.dk) * longest * c.calls;
-            return Outputs{output("out", concat(outs), r.act, terms), output("states", concat(state_values), kF32, terms)};
+            return Outputs{output("out", concat(outs), r.act, terms),
+                           output("states", concat(state_values), kF32, terms)};
           });
   }
 }
@@ -907,7 +926,8 @@ void moe(Table& t) {
               fmt::format("{} tokens hidden 128 inter 64 12 experts top 3 q{} g32{}", tokens, bits,
                           dense_down ? " dense down" : ""),
               kBf16, kF32, [=](OpRun& r) {
-                const Tensor gate = r.quantized(Shape{12, 64, 128}, bits, 32), up = r.quantized(Shape{12, 64, 128}, bits, 32);
+                const Tensor gate = r.quantized(Shape{12, 64, 128}, bits, 32),
+                             up = r.quantized(Shape{12, 64, 128}, bits, 32);
                 Tensor down = r.quantized(Shape{12, 128, 64}, bits, 32);
                 if (dense_down) down = bf16_dequantized(down);
                 const Tensor x = r.random(Shape{tokens, 128}, 0.5f);

@@ -8,7 +8,7 @@
 //         to bf16, and the few other roundings a kernel makes (the int16 inputs of the integer
 //         products) applied by the case
 //   tol = kFactor · max |emu − ref|                       what the device's storage costs
-//       + ulp(output type, max |ref|)                     its own rounding, so exact ops are not held to 0
+//       + ulp(output type, max |ref|) / 2                 its own rounding, so exact ops are not held to 0
 //       + kSumUlps · 2^-24 · √terms · max |ref|           f32 sums of `terms` terms in another order
 //
 // A device result passes when max |got − ref| ≤ tol and it holds no NaN or infinity where the
@@ -45,14 +45,14 @@ inline double element(const Tensor& t, int64_t i) {
 
 struct Comparison {
   int64_t count = 0;
-  double max_ref = 0;        // max |ref|
-  double emu_error = 0;      // max |emu − ref|
-  double floor = 0;          // the last two terms of the rule
-  double tolerance = 0;      // 0 for exact outputs
-  double max_error = 0;      // max |got − ref|
-  int64_t worst = -1;        // where max_error is, or the first non-finite value
+  double max_ref = 0;    // max |ref|
+  double emu_error = 0;  // max |emu − ref|
+  double floor = 0;      // the last two terms of the rule
+  double tolerance = 0;  // 0 for exact outputs
+  double max_error = 0;  // max |got − ref|
+  int64_t worst = -1;    // where max_error is, or the first non-finite value
   double got_at_worst = 0, ref_at_worst = 0;
-  bool non_finite = false;   // got holds NaN or infinity where ref is finite
+  bool non_finite = false;  // got holds NaN or infinity where ref is finite
   bool shape_differs = false;
   bool passed() const { return !shape_differs && !non_finite && max_error <= tolerance; }
 };
@@ -74,7 +74,8 @@ inline Comparison compare(const Tensor& got, const Tensor& ref, const Tensor& em
     if (std::isfinite(r) && std::isfinite(e)) c.emu_error = std::max(c.emu_error, std::fabs(e - r));
   }
   if (!exact) {
-    c.floor = ulp(out_type, c.max_ref) + kSumUlps * std::ldexp(std::sqrt(double(std::max<int64_t>(terms, 1))), -24) * c.max_ref;
+    c.floor = ulp(out_type, c.max_ref) / 2 +
+              kSumUlps * std::ldexp(std::sqrt(double(std::max<int64_t>(terms, 1))), -24) * c.max_ref;
     c.tolerance = kFactor * c.emu_error + c.floor;
   }
   for (int64_t i = 0; i < c.count; ++i) {
@@ -91,7 +92,8 @@ inline Comparison compare(const Tensor& got, const Tensor& ref, const Tensor& em
       return c;
     }
     const double d = std::fabs(g - r);
-    if (d > c.max_error || c.worst < 0) c.max_error = std::max(c.max_error, d), c.worst = i, c.got_at_worst = g, c.ref_at_worst = r;
+    if (d > c.max_error || c.worst < 0)
+      c.max_error = std::max(c.max_error, d), c.worst = i, c.got_at_worst = g, c.ref_at_worst = r;
   }
   return c;
 }
@@ -100,11 +102,13 @@ inline Comparison compare(const Tensor& got, const Tensor& ref, const Tensor& em
 inline std::string describe(const std::string& what, const Comparison& c) {
   if (c.shape_differs) return fmt::format("{}: the outputs' sizes differ", what);
   if (c.non_finite)
-    return fmt::format("{}: element {} is {} where the reference holds {}", what, c.worst, c.got_at_worst, c.ref_at_worst);
-  return fmt::format("{}: max |got - ref| {:.4g} at element {} (got {:.6g}, ref {:.6g}), tolerance {:.4g} = {} x {:.4g} "
-                     "(bf16 emulation) + {:.4g} (floor), max |ref| {:.4g}, {} elements",
-                     what, c.max_error, c.worst, c.got_at_worst, c.ref_at_worst, c.tolerance, kFactor, c.emu_error,
-                     c.floor, c.max_ref, c.count);
+    return fmt::format("{}: element {} is {} where the reference holds {}", what, c.worst, c.got_at_worst,
+                       c.ref_at_worst);
+  return fmt::format(
+      "{}: max |got - ref| {:.4g} at element {} (got {:.6g}, ref {:.6g}), tolerance {:.4g} = {} x {:.4g} "
+      "(bf16 emulation) + {:.4g} (floor), max |ref| {:.4g}, {} elements",
+      what, c.max_error, c.worst, c.got_at_worst, c.ref_at_worst, c.tolerance, kFactor, c.emu_error, c.floor, c.max_ref,
+      c.count);
 }
 
 }  // namespace kiln::test

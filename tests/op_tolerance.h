@@ -54,6 +54,7 @@ struct Comparison {
   double got_at_worst = 0, ref_at_worst = 0;
   bool non_finite = false;  // got holds NaN or infinity where ref is finite
   bool shape_differs = false;
+  bool exact = false;  // held to equality
   bool passed() const { return !shape_differs && !non_finite && max_error <= tolerance; }
 };
 
@@ -63,6 +64,7 @@ inline Comparison compare(const Tensor& got, const Tensor& ref, const Tensor& em
                           bool exact) {
   Comparison c;
   c.count = ref.numel();
+  c.exact = exact;
   if (got.numel() != ref.numel() || emu.numel() != ref.numel()) {
     c.shape_differs = true;
     return c;
@@ -104,6 +106,9 @@ inline std::string describe(const std::string& what, const Comparison& c) {
   if (c.non_finite)
     return fmt::format("{}: element {} is {} where the reference holds {}", what, c.worst, c.got_at_worst,
                        c.ref_at_worst);
+  if (c.exact)
+    return fmt::format("{}: must equal the reference; element {} is {} where the reference holds {} ({} elements)",
+                       what, c.worst, c.got_at_worst, c.ref_at_worst, c.count);
   return fmt::format(
       "{}: max |got - ref| {:.4g} at element {} (got {:.6g}, ref {:.6g}), tolerance {:.4g} = {} x {:.4g} "
       "(bf16 emulation) + {:.4g} (floor), max |ref| {:.4g}, {} elements",

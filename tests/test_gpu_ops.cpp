@@ -31,7 +31,7 @@ TEST_P(GpuOps, MatchesTheReference) {
     ASSERT_TRUE(made.ok()) << made.error().message;
     gpu = std::move(made).value();
   }
-  const std::vector<OpCheck> checks = run_op_case(GetParam(), *gpu);
+  const std::vector<OpCheck> checks = run_op_case(GetParam(), *gpu, /*cpu_threads=*/4);
   ASSERT_FALSE(checks.empty()) << GetParam().label() << ": no outputs";
   for (const OpCheck& check : checks) EXPECT_TRUE(check.comparison.passed()) << describe(check.what, check.comparison);
   const Status status = gpu->status();

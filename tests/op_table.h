@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -72,6 +73,11 @@ struct OpCase {
   std::string label() const;  // "op shape act[→out]"
   std::string name() const;   // the label as a test name
 };
+
+// How GoogleTest prints a case: its label.
+inline void PrintTo(const OpCase& c, std::ostream* os) {
+  *os << c.label();
+}
 
 // Every case, in op order.
 std::vector<OpCase> op_table();

@@ -6,7 +6,9 @@
 // glu_matmul, matmul_residual_norm, embed (dense and quantized), rms_norm, rms_norm_gated, add,
 // residual_norm, scale, glu, sigmoid_mul, add_sigmoid_gated, softcap, argmax, top_k, rope (plain and
 // with the per-head norm), kv_write, attention_inputs, attention, causal_conv1d, gated_delta,
-// moe_route and moe_experts (dense and quantized).
+// moe_route and moe_experts (dense and quantized). Each in f32 and bf16 where the CUDA backend takes
+// both; in bf16 alone where its kernels take bf16 alone (kv_write, attention_inputs, attention,
+// gated_delta, and the inputs of moe_experts and of quantized products, whose outputs may be f32).
 // Left to other tests: alloc, upload, to_host, copy and fill (every case goes through them), capture
 // and graphs (whole models: test_gpu_fixtures.cpp), timers and profiling (no values), batch
 // invariance and the bits fused launches share with their parts (test_gpu*.cpp), and shapes a kernel

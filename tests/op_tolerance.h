@@ -5,8 +5,9 @@
 //   ref   the CPU backend in f32, on the inputs the device holds (bf16 cases: inputs rounded to bf16)
 //   emu   the CPU backend emulating bf16 (CpuBackend(n, true)) on the same inputs: every tensor the
 //         CUDA backend keeps in bf16 (outputs, caches, the intermediates its kernels store) rounded
-//         to bf16, and the few other roundings a kernel makes (the int16 inputs of the integer
-//         products) applied by the case
+//         to bf16, and the few other roundings a kernel makes applied by the case (the int16 inputs
+//         of the integer products, the bf16 weights of quantized products of more than 32 rows and
+//         of the grouped experts)
 //   tol = kFactor · max |emu − ref|                       what the device's storage costs
 //       + ulp(output type, max |ref|) / 2                 its own rounding, so exact ops are not held to 0
 //       + kSumUlps · 2^-24 · √terms · max |ref|           f32 sums of `terms` terms in another order

@@ -1,5 +1,7 @@
-// The CUDA backend against the CPU f32 reference: every op on random inputs (odd sizes included).
-// Skipped, visibly, where no GPU is present. The causal conv and the gated delta rule:
+// The CUDA backend beyond what the op table (test_gpu_ops.cpp) checks of each op's values: argmax
+// and top-k on ties, NaNs and vocabulary-wide rows, bits that batched rows and fused launches share
+// with rows alone and their parts, refused shapes, new caches, and the prefill attention's long
+// prompts and emptied caches. Skipped, visibly, where no GPU is present. The gated delta rule:
 // test_gpu_recurrent.cpp; routed experts: test_gpu_moe.cpp; whole models: test_gpu_fixtures.cpp.
 #include <cmath>
 #include <cstring>
@@ -19,51 +21,6 @@ class Gpu : public GpuTest {
  protected:
   Gpu() : GpuTest(7) {}
 };
-
-TEST_F(Gpu, Matmul) {
-  for (int64_t m : {1, 33, 256})
-    for (int64_t n : {31, 128}) {
-      const int64_t k = 96;
-      Tensor x = random(Shape{m, k}), w = random(Shape{n, k});
-      Tensor want = cpu.alloc(DType::f32, Shape{m, n});
-      cpu.matmul(x, w, want);
-      Tensor got = gpu->alloc(DType::f32, Shape{m, n});
-      gpu->matmul(to_gpu(x), to_gpu(w), got);
-      EXPECT_LT(rel(from_gpu(got), want), 1e-4) << m << "x" << n;  // f32 output: only accumulation order
-    }
-}
-
-TEST_F(Gpu, NormsAndElementwise) {
-  Tensor x = random(Shape{37, 160}), z = random(Shape{37, 160}), w = random(Shape{160});
-  Tensor want = cpu.alloc(DType::f32, x.shape()), got = gpu->alloc(DType::bf16, x.shape());
-  cpu.rms_norm(x, w, 1e-6f, 1.0f, want);
-  gpu->rms_norm(to_gpu(x), to_gpu(w, DType::f32), 1e-6f, 1.0f, got);
-  EXPECT_LT(rel(from_gpu(got), want), 1e-2);
-  cpu.rms_norm_gated(x, z, w, 1e-6f, want);
-  gpu->rms_norm_gated(to_gpu(x), to_gpu(z), to_gpu(w, DType::f32), 1e-6f, got);
-  EXPECT_LT(rel(from_gpu(got), want), 1e-2);
-  for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
-    cpu.glu(x, z, act, want);
-    gpu->glu(to_gpu(x), to_gpu(z), act, got);
-    EXPECT_LT(rel(from_gpu(got), want), 1e-2);
-  }
-  // strided views: the right half of a wider tensor
-  Tensor wide = random(Shape{37, 320});
-  Tensor wide_gpu = to_gpu(wide);
-  cpu.sigmoid_mul(x, wide.cols_view(160, 160), want);
-  gpu->sigmoid_mul(to_gpu(x), wide_gpu.cols_view(160, 160), got);
-  EXPECT_LT(rel(from_gpu(got), want), 1e-2);
-  Tensor logits = random(Shape{5, 333}, 20.0f);
-  Tensor logits_gpu = to_gpu(logits, DType::f32);
-  cpu.softcap(logits, 30.0f);
-  gpu->softcap(logits_gpu, 30.0f);
-  EXPECT_LT(rel(from_gpu(logits_gpu), logits), 1e-5);
-  Tensor ids_cpu = cpu.alloc(DType::i32, Shape{5}), ids_gpu = gpu->alloc(DType::i32, Shape{5});
-  cpu.argmax(logits, ids_cpu);
-  gpu->argmax(logits_gpu, ids_gpu);
-  Tensor ids_back = gpu->to_host(ids_gpu);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(ids_back.data_as<int32_t>()[i], ids_cpu.data_as<int32_t>()[i]);
-}
 
 // Rows as wide as a vocabulary, searched by many blocks: ties across blocks go to the lower index,
 // a row of -inf (with a NaN in it) answers 0, bf16 and strided rows give the CPU's answer.
@@ -142,18 +99,8 @@ TEST_F(Gpu, TopKOfWideRows) {
   EXPECT_NE(b.status().error().message.find("top_k: 300 candidates"), std::string::npos);
 }
 
-TEST_F(Gpu, Rope) {
-  Tensor x = random(Shape{9, 4, 64});
-  Tensor pos = host_tensor(DType::i32, Shape{9});
-  for (int i = 0; i < 9; ++i) pos.data_as<int32_t>()[i] = i * 37;
-  Tensor freqs = host_tensor(DType::f32, Shape{16});
-  for (int i = 0; i < 16; ++i) freqs.data_as<float>()[i] = std::pow(10000.0f, -float(i) / 16);
-  Tensor xg = to_gpu(x);
-  cpu.rope(RopeArgs{.x = x, .positions = pos, .inv_freq = freqs, .pair_offset = 32});
-  gpu->rope(RopeArgs{.x = xg, .positions = to_gpu(pos), .inv_freq = to_gpu(freqs, DType::f32), .pair_offset = 32});
-  EXPECT_LT(rel(from_gpu(xg), x), 1e-2);
-}
-
+// Held to a fixed 1e-2 of the largest value, which the op table's tolerance (derived from a bf16
+// emulation that rounds the GLU product's two halves as well) exceeds for some of these shapes.
 TEST_F(Gpu, FusedProducts) {
   // several products of one input in one launch, bf16 and f32 outputs, then the GLU product; k a
   // multiple of 32 takes the tensor-core kernel (2560: many warps share a tile), 264 the streaming one
@@ -211,6 +158,8 @@ TEST_F(Gpu, ProductRowsAreBatchInvariant) {
   }
 }
 
+// Held to a fixed 1e-2 of the largest value (the residual), which the op table's derived tolerance
+// exceeds by a little for some of these shapes.
 TEST_F(Gpu, ResidualNorm) {
   for (int64_t cols : {160, 1031, 3840}) {
     for (bool block_norm : {false, true})
@@ -392,228 +341,6 @@ TEST_F(Gpu, NewCacheHoldsNoNaN) {
     Tensor host = from_gpu(t);
     for (int64_t i = 0; i < host.numel(); ++i) ASSERT_EQ(host.data_as<float>()[i], 0.0f) << i;
   }
-}
-
-TEST_F(Gpu, NormAndRope) {
-  // per-head norms folded into RoPE: full, partial and proportional pairings, a strided input,
-  // no rotation at all, and a head too wide for the fused kernel
-  struct Case {
-    int head_dim, n_pairs, offset;
-    bool strided, weighted;
-  };
-  for (const Case& c : {Case{64, 32, 32, true, true}, Case{256, 16, 32, false, true}, Case{512, 64, 256, false, true},
-                        Case{128, 0, 0, false, false}, Case{640, 32, 320, true, true}}) {
-    const int64_t tokens = 7, heads = 3;
-    Tensor wide = random(Shape{tokens * heads, 2 * c.head_dim}, 2.0f);
-    Tensor input = c.strided ? wide.cols_view(0, c.head_dim) : Tensor();
-    Tensor x = c.strided ? cpu.alloc(DType::f32, Shape{tokens, heads, c.head_dim})
-                         : random(Shape{tokens, heads, c.head_dim}, 2.0f);
-    Tensor wide_gpu = to_gpu(wide);
-    Tensor xg = c.strided ? gpu->alloc(DType::bf16, x.shape()) : to_gpu(x);
-    Tensor pos = host_tensor(DType::i32, Shape{tokens});
-    for (int i = 0; i < tokens; ++i) pos.data_as<int32_t>()[i] = i * 101;
-    Tensor freqs = host_tensor(DType::f32, Shape{c.n_pairs});
-    for (int i = 0; i < c.n_pairs; ++i) freqs.data_as<float>()[i] = std::pow(10000.0f, -float(i) / float(c.n_pairs));
-    Tensor weight = c.weighted ? random(Shape{c.head_dim}) : Tensor();
-    if (c.n_pairs == 0) freqs = Tensor();
-    cpu.rope(RopeArgs{.x = x,
-                      .positions = pos,
-                      .inv_freq = freqs,
-                      .pair_offset = c.offset,
-                      .normalize = true,
-                      .input = input,
-                      .norm_weight = weight,
-                      .norm_eps = 1e-6f,
-                      .norm_offset = 1.0f});
-    gpu->rope(RopeArgs{.x = xg,
-                       .positions = to_gpu(pos),
-                       .inv_freq = c.n_pairs ? to_gpu(freqs, DType::f32) : Tensor(),
-                       .pair_offset = c.offset,
-                       .normalize = true,
-                       .input = c.strided ? wide_gpu.cols_view(0, c.head_dim) : Tensor(),
-                       .norm_weight = c.weighted ? to_gpu(weight, DType::f32) : Tensor(),
-                       .norm_eps = 1e-6f,
-                       .norm_offset = 1.0f});
-    EXPECT_LT(rel(from_gpu(xg), x), 2e-2) << c.head_dim;
-  }
-}
-
-// A step's attention inputs in one op against the CPU's four ops: Gemma 4's global layer (keys
-// as values, a value norm, proportional RoPE on 512-wide heads), its sliding layer (the value norm
-// in place) and Qwen 3.5's (queries read from a strided view, norm offset 1, no value norm), for
-// a decode row and a three-row chunk of two sequences whose ring caches wrap.
-TEST_F(Gpu, AttentionInputs) {
-  struct Case {
-    int hq, hkv, hd, n_pairs, pair_offset;
-    bool k_as_v, v_norm, strided_q;
-    float norm_offset;
-  };
-  for (const Case& c :
-       {Case{4, 1, 512, 64, 256, true, true, false, 0.0f}, Case{4, 2, 256, 128, 128, false, true, false, 0.0f},
-        Case{4, 2, 128, 32, 32, false, false, true, 1.0f}}) {
-    const std::vector<SeqRows> seqs = {SeqRows{0, 1, 5}, SeqRows{1, 3, 17}};
-    const int64_t tokens = 4, capacity = 8;
-    Tensor pos = host_tensor(DType::i32, Shape{tokens});
-    for (const SeqRows& s : seqs)
-      for (int64_t i = 0; i < s.n_rows; ++i) pos.data_as<int32_t>()[s.row_begin + i] = int32_t(s.pos_begin + i);
-    Tensor freqs = host_tensor(DType::f32, Shape{c.n_pairs});
-    for (int i = 0; i < c.n_pairs; ++i) freqs.data_as<float>()[i] = std::pow(10000.0f, -float(i) / float(c.n_pairs));
-    Tensor q_wide = random(Shape{tokens * c.hq, 2 * c.hd}, 2.0f);
-    Tensor q_in = c.strided_q ? q_wide.cols_view(0, c.hd) : random(Shape{tokens * c.hq, c.hd}, 2.0f);
-    Tensor k = random(Shape{tokens, c.hkv, c.hd}, 2.0f), v = random(Shape{tokens, c.hkv, c.hd}, 2.0f);
-    Tensor q_norm = random(Shape{c.hd}), k_norm = random(Shape{c.hd});
-
-    struct Side {
-      Backend* b;
-      Tensor q, k, v, pos, freqs, q_wide, q_in, q_norm, k_norm;
-      std::vector<KvCacheView> caches;
-    };
-    auto run = [&](Side& s) {
-      auto rope = [&](const Tensor& x, const Tensor& input, const Tensor& norm) {
-        return RopeArgs{.x = x,
-                        .positions = s.pos,
-                        .inv_freq = s.freqs,
-                        .pair_offset = c.pair_offset,
-                        .normalize = true,
-                        .input = input,
-                        .norm_weight = norm,
-                        .norm_eps = 1e-6f,
-                        .norm_offset = c.norm_offset};
-      };
-      AttentionInputsArgs args{
-          .q = rope(s.q, s.q_in, s.q_norm),
-          .k = rope(s.k, Tensor(), s.k_norm),
-          .v = s.v,
-          .v_input = c.v_norm ? (c.k_as_v ? s.k : s.v).reshape(Shape{tokens * c.hkv, c.hd}) : Tensor(),
-          .v_norm_eps = 1e-6f,
-          .kv = KvWriteArgs{.k = s.k, .v = s.v, .positions = s.pos, .seqs = seqs, .caches = s.caches}};
-      s.b->attention_inputs(args);
-    };
-    Side host{&cpu, cpu.alloc(DType::f32, Shape{tokens, c.hq, c.hd}), k, v, pos, freqs, q_wide, q_in, q_norm, k_norm,
-              {}};
-    Tensor q_wide_gpu = to_gpu(q_wide);
-    Side dev{gpu.get(),
-             gpu->alloc(DType::bf16, Shape{tokens, c.hq, c.hd}),
-             to_gpu(k),
-             to_gpu(v),
-             to_gpu(pos, DType::i32),
-             to_gpu(freqs, DType::f32),
-             q_wide_gpu,
-             c.strided_q ? q_wide_gpu.cols_view(0, c.hd) : to_gpu(q_in),
-             to_gpu(q_norm, DType::f32),
-             to_gpu(k_norm, DType::f32),
-             {}};
-    for (int i = 0; i < 2; ++i) {
-      host.caches.push_back(new_kv_cache(cpu, capacity, c.hkv, c.hd));
-      dev.caches.push_back(new_kv_cache(*gpu, capacity, c.hkv, c.hd));
-    }
-    run(host);
-    run(dev);
-    EXPECT_LT(rel(from_gpu(dev.q), host.q), 2e-2) << c.hd;
-    for (int i = 0; i < 2; ++i) {  // the written slots (the others hold what the caches were made with)
-      Tensor slots = from_gpu(dev.caches[i].slot_pos), k_got = from_gpu(dev.caches[i].k),
-             v_got = from_gpu(dev.caches[i].v);
-      const int64_t row = c.hkv * c.hd;
-      int written = 0;
-      for (int64_t j = 0; j < capacity; ++j) {
-        ASSERT_EQ(slots.data_as<int32_t>()[j], host.caches[i].slot_pos.data_as<int32_t>()[j]) << c.hd << " slot " << j;
-        if (slots.data_as<int32_t>()[j] < 0) continue;
-        ++written;
-        for (auto [got, want] : {std::pair{&k_got, &host.caches[i].k}, std::pair{&v_got, &host.caches[i].v}}) {
-          Tensor g = host_tensor(DType::f32, Shape{row}), w = host_tensor(DType::f32, Shape{row});
-          std::copy_n(got->data_as<float>() + j * row, row, g.data_as<float>());
-          std::copy_n(want->data_as<float>() + j * row, row, w.data_as<float>());
-          EXPECT_LT(rel(g, w), 2e-2) << c.hd << " seq " << i << " slot " << j;
-        }
-      }
-      EXPECT_EQ(written, seqs[size_t(i)].n_rows) << c.hd;
-    }
-  }
-}
-
-// Chunked prefill then decode through ring caches, several sequences per call, against the CPU.
-void attention_case(Gpu* t, CpuBackend& cpu, Backend& gpu, int hq, int hkv, int hd, int64_t window, int64_t chunk,
-                    std::mt19937& rng, bool gated = false) {
-  const std::vector<int64_t> lengths = {45, 19};
-  const int64_t capacity = window ? window - 1 + chunk : 64;
-  std::vector<KvCacheView> cpu_caches, gpu_caches;
-  for (size_t s = 0; s < lengths.size(); ++s) {
-    cpu_caches.push_back(new_kv_cache(cpu, capacity, hkv, hd));
-    gpu_caches.push_back(new_kv_cache(gpu, capacity, hkv, hd));
-  }
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  auto rnd = [&](Shape shape) {
-    Tensor x = host_tensor(DType::f32, shape);
-    for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
-    return x;
-  };
-  double worst = 0;
-  for (int64_t begin = 0; begin < 45;) {
-    const int64_t step = begin < 30 ? chunk : 1;  // prefill in chunks, then decode
-    std::vector<SeqRows> seqs;
-    std::vector<KvCacheView> cc, gc;
-    int64_t rows = 0;
-    for (size_t s = 0; s < lengths.size(); ++s) {
-      const int64_t n = std::min(step, lengths[s] - begin);
-      if (n <= 0) continue;
-      seqs.push_back(SeqRows{rows, n, begin});
-      cc.push_back(cpu_caches[s]);
-      gc.push_back(gpu_caches[s]);
-      rows += n;
-    }
-    Tensor q = rnd(Shape{rows, hq, hd}), k = rnd(Shape{rows, hkv, hd}), v = rnd(Shape{rows, hkv, hd});
-    Tensor gate_wide = rnd(Shape{rows * hq, 2 * hd});  // the gate as a strided view, as Qwen 3.5's
-    Tensor gate = gated ? gate_wide.cols_view(hd, hd) : Tensor();
-    Tensor gate_gpu = gated ? gpu.upload(gate_wide, DType::bf16).cols_view(hd, hd) : Tensor();
-    Tensor pos = host_tensor(DType::i32, Shape{rows});
-    for (const auto& s : seqs)
-      for (int64_t i = 0; i < s.n_rows; ++i) pos.data_as<int32_t>()[s.row_begin + i] = int32_t(s.pos_begin + i);
-    Tensor want = cpu.alloc(DType::f32, Shape{rows, hq, hd});
-    cpu.kv_write(KvWriteArgs{.k = k, .v = v, .positions = pos, .seqs = seqs, .caches = cc});
-    cpu.attention(AttentionArgs{.q = q,
-                                .out = want,
-                                .positions = pos,
-                                .seqs = seqs,
-                                .caches = cc,
-                                .n_heads = hq,
-                                .n_kv_heads = hkv,
-                                .head_dim = hd,
-                                .scale = 0.125f,
-                                .window = window,
-                                .output_gate = gate});
-    // everything uploaded first, so that the attention runs right after the cache write with no
-    // copy between them, as in a decode step (the attention may be placed before the write ends)
-    Tensor pos_gpu = gpu.upload(pos, DType::i32), q_gpu = gpu.upload(q, DType::bf16);
-    Tensor k_gpu = gpu.upload(k, DType::bf16), v_gpu = gpu.upload(v, DType::bf16);
-    Tensor got = gpu.alloc(DType::bf16, Shape{rows, hq, hd});
-    gpu.kv_write(KvWriteArgs{.k = k_gpu, .v = v_gpu, .positions = pos_gpu, .seqs = seqs, .caches = gc});
-    gpu.attention(AttentionArgs{.q = q_gpu,
-                                .out = got,
-                                .positions = pos_gpu,
-                                .seqs = seqs,
-                                .caches = gc,
-                                .n_heads = hq,
-                                .n_kv_heads = hkv,
-                                .head_dim = hd,
-                                .scale = 0.125f,
-                                .window = window,
-                                .output_gate = gate_gpu});
-    worst = std::max(worst, Gpu::rel(gpu.to_host(got), want));
-    begin += step;
-  }
-  EXPECT_LT(worst, 2e-2) << "hq " << hq << " hkv " << hkv << " hd " << hd << " window " << window << " gated " << gated;
-}
-
-TEST_F(Gpu, Attention) {
-  for (int hd : {32, 64, 128, 256, 512})
-    for (int64_t window : {int64_t(0), int64_t(9)}) attention_case(this, cpu, *gpu, 8, 2, hd, window, 7, rng);
-  attention_case(this, cpu, *gpu, 6, 1, 128, 0, 13, rng);  // a group that does not divide the tile
-  attention_case(this, cpu, *gpu, 16, 16, 64, 0, 5, rng);
-  // Gemma 4's global layers: 16 query heads on one KV head, spread over blocks; decode of 3 rows
-  // a sequence throughout (2 heads a block), and of 1 row after prefill with a window
-  attention_case(this, cpu, *gpu, 16, 1, 512, 0, 3, rng);
-  attention_case(this, cpu, *gpu, 16, 1, 512, 9, 5, rng);
-  for (int hd : {128, 256}) attention_case(this, cpu, *gpu, 8, 2, hd, 0, 7, rng, true);  // with an output gate
 }
 
 // Decode attention gives a sequence's row the bits it gets alone when another sequence with more

@@ -1,6 +1,6 @@
-// The CUDA backend's mixture-of-experts ops against the CPU f32 reference: routing, the routed
-// experts at decode and prefill sizes, and their batch invariance. Skipped, visibly, where no GPU
-// is present.
+// The CUDA backend's routed experts against the CPU f32 reference at decode and prefill sizes, with
+// tolerances that know which kernel rounds what (tighter than the op table's, test_gpu_ops.cpp, for
+// the kernels that keep f32), and their batch invariance. Skipped, visibly, where no GPU is present.
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
@@ -12,51 +12,7 @@ namespace {
 class GpuMoe : public GpuTest {
  protected:
   GpuMoe() : GpuTest(7) {}
-  void moe_case(int64_t inter);
 };
-
-// inter 48: the experts' down products and their weighted sum in one pass; 4200: too many
-// activations for one block's shared memory, so the two-pass path
-TEST_F(GpuMoe, MoeRouteAndExperts) {
-  for (int64_t inter : {48, 4200}) moe_case(inter);
-}
-
-void GpuMoe::moe_case(int64_t inter) {
-  const int64_t tokens = 19, hidden = 96, experts = 10;
-  const int top_k = 3;
-  Tensor logits = random(Shape{tokens, experts}, 2.0f), scale = random(Shape{experts});
-  Tensor x = random(Shape{tokens, hidden}), gate = random(Shape{experts, inter, hidden}, 0.2f);
-  Tensor up = random(Shape{experts, inter, hidden}, 0.2f), down = random(Shape{experts, hidden, inter}, 0.2f);
-  Tensor ids_c = cpu.alloc(DType::i32, Shape{tokens, top_k}), w_c = cpu.alloc(DType::f32, Shape{tokens, top_k});
-  Tensor ids_g = gpu->alloc(DType::i32, Shape{tokens, top_k}), w_g = gpu->alloc(DType::f32, Shape{tokens, top_k});
-  cpu.moe_route({.logits = logits, .expert_scale = scale, .ids = ids_c, .weights = w_c, .top_k = top_k});
-  gpu->moe_route({.logits = to_gpu(logits, DType::f32),
-                  .expert_scale = to_gpu(scale, DType::f32),
-                  .ids = ids_g,
-                  .weights = w_g,
-                  .top_k = top_k});
-  Tensor ids_back = gpu->to_host(ids_g);
-  for (int64_t i = 0; i < tokens * top_k; ++i) ASSERT_EQ(ids_back.data_as<int32_t>()[i], ids_c.data_as<int32_t>()[i]);
-  EXPECT_LT(rel(from_gpu(w_g), w_c), 1e-5);
-  Tensor want = cpu.alloc(DType::f32, Shape{tokens, hidden}), got = gpu->alloc(DType::bf16, Shape{tokens, hidden});
-  cpu.moe_experts({.x = x,
-                   .ids = ids_c,
-                   .weights = w_c,
-                   .gate = gate,
-                   .up = up,
-                   .down = down,
-                   .out = want,
-                   .act = Activation::gelu_tanh});
-  gpu->moe_experts({.x = to_gpu(x),
-                    .ids = ids_g,
-                    .weights = w_g,
-                    .gate = to_gpu(gate),
-                    .up = to_gpu(up),
-                    .down = to_gpu(down),
-                    .out = got,
-                    .act = Activation::gelu_tanh});
-  EXPECT_LT(rel(from_gpu(got), want), 2e-2) << inter;
-}
 
 // The routed experts at Gemma 4 26B-A4B's expert geometry (hidden 2816, inter 704, top-8; 16
 // experts rather than 128 keep the CPU reference quick and change no kernel path): decode-like

@@ -1,5 +1,7 @@
 // The causal conv1d and the gated delta rule of Gated DeltaNet on the CUDA backend against the CPU
-// f32 reference, on random inputs. Skipped, visibly, where no GPU is present.
+// f32 reference, on random inputs: the two chained as a layer runs them, and the rule's outputs
+// held closer than the op table (test_gpu_ops.cpp) holds them (within 5e-5 to 1e-4 of the largest
+// beyond their own bf16 rounding). Skipped, visibly, where no GPU is present.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -17,7 +19,6 @@ namespace {
 class GpuRecurrent : public GpuTest {
  protected:
   GpuRecurrent() : GpuTest(7) {}
-  void conv_case(int64_t channels, const std::vector<int64_t>& lengths, const std::vector<int>& kernels, int calls);
   struct DeltaCase {
     int hk, hv, dk, dv;
     std::vector<int64_t> rows;  // tokens per sequence in each call
@@ -89,49 +90,6 @@ TEST_F(GpuRecurrent, CausalConvAndGatedDelta) {
     EXPECT_LT(rel(from_gpu(gr), cr), 1e-3)
         << "state, " << (algo == DeltaRuleAlgorithm::chunked ? "chunked" : "recurrent");
   }
-}
-
-// The causal conv against the CPU (f32 on both sides): sequences of the given lengths in one call,
-// each kernel size, `calls` calls with the state carried, outputs and states compared after each.
-void GpuRecurrent::conv_case(int64_t channels, const std::vector<int64_t>& lengths, const std::vector<int>& kernels,
-                             int calls) {
-  std::vector<SeqRows> seqs;
-  int64_t tokens = 0;
-  for (int64_t r : lengths) {
-    seqs.push_back(SeqRows{.row_begin = tokens, .n_rows = r});
-    tokens += r;
-  }
-  for (int kernel : kernels) {
-    Tensor w = random(Shape{channels, kernel}, 0.5f);
-    Tensor wg = to_gpu(w, DType::f32);
-    std::vector<Tensor> cpu_states, gpu_states;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      cpu_states.push_back(random(Shape{kernel - 1, channels}));
-      gpu_states.push_back(to_gpu(cpu_states.back(), DType::f32));
-    }
-    for (int call = 0; call < calls; ++call) {
-      Tensor x = random(Shape{tokens, channels});
-      Tensor want = cpu.alloc(DType::f32, x.shape()), got = gpu->alloc(DType::f32, x.shape());
-      cpu.causal_conv1d({.x = x, .weight = w, .out = want, .seqs = seqs, .states = cpu_states});
-      gpu->causal_conv1d({.x = to_gpu(x, DType::f32), .weight = wg, .out = got, .seqs = seqs, .states = gpu_states});
-      EXPECT_LT(rel(from_gpu(got), want), 1e-5) << "kernel " << kernel << ", call " << call;
-      for (size_t i = 0; i < seqs.size(); ++i)
-        EXPECT_EQ(rel(from_gpu(gpu_states[i]), cpu_states[i]), 0.0)
-            << "kernel " << kernel << ", call " << call << ", state " << i;
-    }
-  }
-}
-
-// Every kernel size the window registers hold (the decode kernel), channels that are no multiple
-// of a block, sequences of 1 to 4 tokens.
-TEST_F(GpuRecurrent, CausalConvKernelSizes) {
-  conv_case(8192 + 33, {1, 4, 2}, {2, 3, 4, 8}, 3);
-}
-
-// Sequences longer than one run of tokens take the token-parallel kernel; the short ones in the
-// same call go through it too, as a single run.
-TEST_F(GpuRecurrent, CausalConvLongSequences) {
-  conv_case(1024 + 33, {700, 1, 3, 129}, {2, 4, 8}, 2);
 }
 
 // The recurrent (decode) form against the CPU reference, from the same random state on the same

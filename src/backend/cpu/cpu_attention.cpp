@@ -40,6 +40,7 @@ void CpuBackend::rope(const RopeArgs& args) {
       }
     }
   });
+  finish(x);
 }
 
 void CpuBackend::kv_write(const KvWriteArgs& args) {

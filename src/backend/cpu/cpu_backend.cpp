@@ -388,6 +388,7 @@ void CpuBackend::softcap(Tensor& x, float cap) {
         }
       },
       grain_for(cols));
+  finish(x);
 }
 
 void CpuBackend::argmax(const Tensor& x, Tensor& out) {

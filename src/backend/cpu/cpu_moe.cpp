@@ -96,6 +96,8 @@ void CpuBackend::moe_experts(const MoeExpertsArgs& args) {
       const float x = g[i];
       const float act = args.act == Activation::silu ? cpu::silu(x) : cpu::gelu_tanh(x);
       g[i] = act * u[i];
+      // the GPU's tensor-core expert kernels store the GLU output in bf16, as a dense MLP does
+      if (emulate_bf16_) g[i] = bf16_to_f32(f32_to_bf16(g[i]));
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(hidden), int(inter), 1.0f, g.data(), int(inter),
                 wd, int(inter), 0.0f, d.data(), int(hidden));

@@ -79,8 +79,8 @@ class MockHub {
     dev_files[1].content = "# tiny, the dev branch\n";
     repos_["kiln-test/tiny"] = {.branches = {{"main", kCommitMain}, {"dev", kCommitDev}},
                                 .commits = {{kCommitMain, main_files}, {kCommitDev, dev_files}}};
-    repos_["kiln-test/private"] = {.branches = {{"main", kCommitMain}}, .commits = {{kCommitMain, main_files}},
-                                   .private_repo = true};
+    repos_["kiln-test/private"] = {
+        .branches = {{"main", kCommitMain}}, .commits = {{kCommitMain, main_files}}, .private_repo = true};
     MockFile bad = main_files[3];
     bad.served = bad.content;
     bad.served[bad.served.size() / 2] ^= 0x5a;  // one byte flipped on the way
@@ -128,8 +128,7 @@ class MockHub {
   // The repository, or nothing after answering 401/404 as the Hub does.
   const Repo* find_repo(const httplib::Request& req, httplib::Response& res, const std::string& repo) const {
     auto it = repos_.find(repo);
-    if (it != repos_.end() && it->second.private_repo &&
-        req.get_header_value("Authorization") != "Bearer " + kToken)
+    if (it != repos_.end() && it->second.private_repo && req.get_header_value("Authorization") != "Bearer " + kToken)
       it = repos_.end();
     if (it == repos_.end()) {
       res.status = req.has_header("Authorization") ? 404 : 401;
@@ -154,11 +153,11 @@ class MockHub {
     }
     nlohmann::json siblings = nlohmann::json::array();
     for (const MockFile& f : c->second) siblings.push_back({{"rfilename", f.path}});
-    res.set_content(nlohmann::json{{"id", req.matches[1].str() + "/" + req.matches[2].str()},
-                                   {"sha", commit},
-                                   {"siblings", siblings}}
-                        .dump(),
-                    "application/json");
+    res.set_content(
+        nlohmann::json{
+            {"id", req.matches[1].str() + "/" + req.matches[2].str()}, {"sha", commit}, {"siblings", siblings}}
+            .dump(),
+        "application/json");
   }
 
   void resolve(const httplib::Request& req, httplib::Response& res) {
@@ -317,8 +316,10 @@ TEST_F(Hub, CommandsRunFromTheCacheByName) {
   fs::create_directories(work / "kiln-test/tiny");
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
     fs::copy(source_dir() + "/models/kiln-kjv-31m/" + f, work / "kiln-test/tiny" / f);
-  const auto local = run_command("cd " + work.string() + " && " + environment(hub_.endpoint(), "HF_HUB_CACHE=/nonexistent") +
-                                 KILN_BINARY + " tokenize kiln-test/tiny" + text, false);
+  const auto local =
+      run_command("cd " + work.string() + " && " + environment(hub_.endpoint(), "HF_HUB_CACHE=/nonexistent") +
+                      KILN_BINARY + " tokenize kiln-test/tiny" + text,
+                  false);
   EXPECT_EQ(local.exit_code, 0) << local.output;
   EXPECT_EQ(local.output, by_dir.output);
 }
@@ -365,8 +366,8 @@ TEST_F(Hub, AWrongChecksumIsRefused) {
   const std::string blob = repo_dir("kiln-test/corrupt") + "/blobs/" + etag;
   EXPECT_TRUE(fs::exists(blob + ".incomplete"));
   EXPECT_FALSE(fs::exists(blob));
-  EXPECT_FALSE(fs::exists(fs::path(repo_dir("kiln-test/corrupt")) / "snapshots" / kCommitCorrupt /
-                          "model.safetensors"));
+  EXPECT_FALSE(
+      fs::exists(fs::path(repo_dir("kiln-test/corrupt")) / "snapshots" / kCommitCorrupt / "model.safetensors"));
 }
 
 TEST_F(Hub, UnauthorizedAndNotFoundAreOneLine) {
@@ -408,7 +409,7 @@ TEST_F(Hub, RevisionsByBranchAndByCommit) {
   EXPECT_EQ(std::distance(fs::directory_iterator(repo_dir() + "/refs"), fs::directory_iterator()), 1);
 
   const std::string text = " --text 'And God said'";
-  for (const std::string  for (const std::string& name : {"kiln-test/tiny@dev", "kiln-test/tiny@" + kCommitMain}) { name : {std::string("kiln-test/tiny@dev"), "kiln-test/tiny@" + kCommitMain}) {
+  for (const std::string& name : {std::string("kiln-test/tiny@dev"), "kiln-test/tiny@" + kCommitMain}) {
     const auto r = kiln("tokenize " + name + text);
     EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
   }
@@ -426,8 +427,8 @@ TEST_F(Hub, IncludeFiltersAsFnmatch) {
   for (const auto& e : fs::recursive_directory_iterator(snapshot))
     if (!e.is_directory()) got.push_back(e.path().lexically_relative(snapshot).string());
   std::sort(got.begin(), got.end());
-  EXPECT_EQ(got, (std::vector<std::string>{"config.json", "extra/notes.txt", "tokenizer.json",
-                                           "tokenizer_config.json"}));
+  EXPECT_EQ(got,
+            (std::vector<std::string>{"config.json", "extra/notes.txt", "tokenizer.json", "tokenizer_config.json"}));
   const auto none = kiln("pull kiln-test/tiny --include '*.gguf'");
   EXPECT_NE(none.exit_code, 0);
   EXPECT_NE(none.output.find("no file of kiln-test/tiny matches --include *.gguf"), std::string::npos) << none.output;
@@ -511,8 +512,8 @@ TEST_F(Hub, ServeNamesTheModelByItsId) {
   const std::string log = tmp_.path() + "/serve.log";
   ServeProcess serve;
   const std::string command = "exec " + environment(hub_.endpoint()) + KILN_BINARY +
-                              " serve kiln-test/tiny --port 0 --device cpu --threads 1 --ctx 64 --max-batch 2 >" +
-                              log + " 2>&1";
+                              " serve kiln-test/tiny --port 0 --device cpu --threads 1 --ctx 64 --max-batch 2 >" + log +
+                              " 2>&1";
   const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
   ASSERT_EQ(posix_spawn(&serve.pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
   for (int i = 0; i < 300 && serve.url.empty(); ++i) {

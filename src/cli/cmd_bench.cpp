@@ -233,7 +233,8 @@ Status run_bench(const BenchOptions& o) {
 void add_bench_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed on a model directory");
-  cmd->add_option("model_dir", options->model_dir, "Model directory or Hugging Face id ORG/NAME[@REV] in the cache")->required();
+  cmd->add_option("model_dir", options->model_dir, "Model directory or Hugging Face id ORG/NAME[@REV] in the cache")
+      ->required();
   cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens per sequence")->check(positive_number());
   cmd->add_option("--gen", options->gen, "Tokens generated per sequence")->check(number_in(2, 1 << 20));
   cmd->add_option("--batch", options->batch, "Sequences decoded together")->check(positive_number());

@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <iostream>
 
-#include "cli/model_source.h"
 #include "cli/generation.h"
+#include "cli/model_source.h"
 #include "text/tokenizer/unicode.h"
 
 namespace kiln::cli {
@@ -148,7 +148,8 @@ Status run_chat(const ChatOptions& o) {
 void add_chat_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<ChatOptions>();
   auto* cmd = app.add_subcommand("chat", "Chat with a model in the terminal");
-  cmd->add_option("model_dir", options->model_dir, "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled demo model)");
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled demo model)");
   cmd->add_option("--system", options->system, "A system message");
   cmd->add_flag("--enable-thinking", options->enable_thinking, "Let the model think before answering");
   add_sampling_options(*cmd, options->generation);

@@ -8,8 +8,8 @@
 #include <charconv>
 #include <cstdio>
 
-#include "cli/model_source.h"
 #include "cli/generation.h"
+#include "cli/model_source.h"
 #include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
 
@@ -108,7 +108,8 @@ Status run_generate(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
-  cmd->add_option("model_dir", options->model_dir, "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled demo model)");
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled demo model)");
   auto* prompt = cmd->add_option("--prompt", options->prompt, "The prompt (a user message unless --raw)");
   cmd->add_flag("--raw", options->raw, "Feed the prompt as it is, without the chat template");
   cmd->add_option("--ids", options->ids, "Comma-separated prompt token ids; prints generated ids")->excludes(prompt);

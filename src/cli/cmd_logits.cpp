@@ -66,7 +66,9 @@ Status run_logits(const LogitsOptions& o) {
 void add_logits_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<LogitsOptions>();
   auto* cmd = app.add_subcommand("logits", "Write the logits of every position of a token sequence to a .npy file");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (config.json, *.safetensors) or Hugging Face id ORG/NAME[@REV] in the cache")->required();
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory (config.json, *.safetensors) or Hugging Face id ORG/NAME[@REV] in the cache")
+      ->required();
   cmd->add_option("--ids", options->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", options->out, "Output .npy file (float32 [ids, vocab])")->required();
   cmd->add_option("--prefill-chunk", options->prefill_chunk,

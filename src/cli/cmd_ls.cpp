@@ -43,7 +43,8 @@ std::string format_size(uint64_t bytes) {
 
 // Characters, not bytes (fmt pads by characters too): UTF-8 continuation bytes are not counted.
 size_t display_width(const std::string& text) {
-  return size_t(std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  return size_t(
+      std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
 }
 
 // A check's error in a few words: the snapshot's path dropped, the first clause kept.
@@ -119,8 +120,7 @@ Status run_ls(const LsOptions& o, const Environment& env) {
     table.push_back({r.id, r.revisions, r.model_type, r.parameters, r.quantization, r.size, r.runs});
   std::vector<size_t> width(header.size(), 0);
   for (const auto& line : table)
-    for (size_t c = 0; c < line.size(); ++c)
-      width[c] = std::max(width[c], display_width(line[c]));
+    for (size_t c = 0; c < line.size(); ++c) width[c] = std::max(width[c], display_width(line[c]));
   for (const auto& line : table) {
     std::string text;
     for (size_t c = 0; c < line.size(); ++c)

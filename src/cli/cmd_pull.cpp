@@ -86,9 +86,8 @@ Status run_pull(const PullOptions& o, const Environment& env) {
   if (!ref) return make_error("pull: '{}' is not a repository id (ORG/NAME or ORG/NAME@REVISION)", o.repo);
   ProgressDisplay display(::isatty(STDERR_FILENO) == 1);
   fmt::print(stderr, "pulling {} from {} into {}\n", ref->describe(), env.hub.endpoint, env.hub.cache_root.string());
-  KILN_ASSIGN(const hub::PullResult result,
-              hub::pull(env.hub, hub::PullRequest{.ref = *ref, .include = o.include},
-                        [&display](const hub::PullEvent& e) { display(e); }));
+  KILN_ASSIGN(const hub::PullResult result, hub::pull(env.hub, hub::PullRequest{.ref = *ref, .include = o.include},
+                                                      [&display](const hub::PullEvent& e) { display(e); }));
   if (!result.offline)
     fmt::print(stderr, "{} at commit {}: {} files, {} downloaded ({})\n", ref->describe(), result.snapshot.commit,
                result.files, result.downloaded, format_bytes(double(result.bytes)));

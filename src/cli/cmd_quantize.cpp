@@ -46,7 +46,9 @@ Status run_quantize(const QuantizeArgs& a) {
 void add_quantize_command(CLI::App& app, Action& action, const Environment& env) {
   auto a = std::make_shared<QuantizeArgs>();
   auto* cmd = app.add_subcommand("quantize", "Write an MLX affine-quantized copy of a model directory");
-  cmd->add_option("in_dir", a->in_dir, "Model directory (bf16, f16 or f32) or Hugging Face id ORG/NAME[@REV] in the cache")->required();
+  cmd->add_option("in_dir", a->in_dir,
+                  "Model directory (bf16, f16 or f32) or Hugging Face id ORG/NAME[@REV] in the cache")
+      ->required();
   cmd->add_option("out_dir", a->out_dir, "Directory to write")->required();
   cmd->add_option("--bits", a->bits, "Bits per weight (2, 3, 4, 5, 6, 8)");
   cmd->add_option("--group-size", a->group_size, "Weights per scale and bias (32, 64, 128)");

@@ -91,7 +91,7 @@ Status serve(ServeOptions o, const Environment& env) {
   KILN_ASSIGN(auto scheduler, Scheduler::create(*model, o.scheduler));
   served.scheduler = scheduler.get();
   // as vLLM names it: --served-model-name, else the repository id, else the directory's name
-  served.name = !o.served_name.empty() ? o.served_name
+  served.name = !o.served_name.empty()    ? o.served_name
                 : !source.repo_id.empty() ? source.repo_id
                                           : std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (served.name.empty()) served.name = std::filesystem::path(model_dir).parent_path().filename().string();
@@ -99,9 +99,8 @@ Status serve(ServeOptions o, const Environment& env) {
   KILN_ASSIGN(const int port, http->bind());
   fmt::print("kiln: listening on http://{}:{} (model {}, batch {}, context {}, {}, {})\n", o.http.host, port,
              source.repo_id.empty() ? std::filesystem::path(model_dir).filename().string() : source.repo_id,
-             scheduler->options().max_batch,
-             scheduler->options().context, scheduler->options().batch_invariant ? "batch-invariant" : "batched rows",
-             backend->name());
+             scheduler->options().max_batch, scheduler->options().context,
+             scheduler->options().batch_invariant ? "batch-invariant" : "batched rows", backend->name());
   std::fflush(stdout);
 
   std::thread waiter([&] {
@@ -157,7 +156,8 @@ void add_serve_command(CLI::App& app, Action& action, const Environment& env) {
                   "Seconds a request's headers may take, and any pause in it, before it gets 408")
       ->capture_default_str()
       ->check(number_in(1, 3600));
-  cmd->add_option("--served-model-name", o->served_name, "The model id clients use (default: the repository id, else the directory name)");
+  cmd->add_option("--served-model-name", o->served_name,
+                  "The model id clients use (default: the repository id, else the directory name)");
   cmd->add_option("--grace", o->grace_seconds, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()
       ->check(non_negative_number());

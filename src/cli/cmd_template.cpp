@@ -59,7 +59,8 @@ Status run_template(const TemplateOptions& o) {
 void add_template_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<TemplateOptions>();
   auto* cmd = app.add_subcommand("template", "Print the prompt a model's chat template makes of a conversation");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (tokenizer_config.json, chat_template.jinja) or Hugging Face id ORG/NAME[@REV]")
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory (tokenizer_config.json, chat_template.jinja) or Hugging Face id ORG/NAME[@REV]")
       ->required();
   cmd->add_option("--messages", options->messages_file, "JSON file with the list of messages")->required();
   cmd->add_option("--tools", options->tools_file, "JSON file with the list of tool definitions");

@@ -44,7 +44,8 @@ Status run_tokenize(const TokenizeOptions& o) {
 void add_tokenize_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (tokenizer.json, tokenizer_config.json) or Hugging Face id ORG/NAME[@REV]");
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory (tokenizer.json, tokenizer_config.json) or Hugging Face id ORG/NAME[@REV]");
   options->text_option = cmd->add_option("--text", options->text, "The text to tokenize");
   options->file_option = cmd->add_option("--file", options->file, "A UTF-8 file to tokenize");
   cmd->add_flag("--add-special", options->add_special, "Add the special tokens of the tokenizer's template (BOS)");

@@ -134,9 +134,10 @@ Error http_error(const Session& s, long status, const std::string& what) {
                       what, endpoint, s.settings().token_source, detail);
   }
   if (status == 403)
-    return make_error("{}: 403 Forbidden from {}: the token{} has no access (a gated repository needs its terms "
-                      "accepted on the Hub){}",
-                      what, endpoint, s.settings().token.empty() ? " (none: HF_TOKEN is not set)" : "", detail);
+    return make_error(
+        "{}: 403 Forbidden from {}: the token{} has no access (a gated repository needs its terms "
+        "accepted on the Hub){}",
+        what, endpoint, s.settings().token.empty() ? " (none: HF_TOKEN is not set)" : "", detail);
   if (status == 404) {
     if (code == "RevisionNotFound") return make_error("{}: no such revision at {} (404){}", what, endpoint, detail);
     if (code == "EntryNotFound") return make_error("{}: no such file at {} (404){}", what, endpoint, detail);
@@ -219,7 +220,8 @@ Result<FileMeta> fetch_file_meta(Session& s, const std::string& repo, const std:
     curl_easy_setopt(s.curl(), CURLOPT_NOBODY, 1L);
     curl_easy_setopt(s.curl(), CURLOPT_TIMEOUT, 60L);
     const CURLcode code = curl_easy_perform(s.curl());
-    if (code != CURLE_OK) return make_error("{}: could not reach {} ({})", what, s.settings().endpoint, s.describe(code));
+    if (code != CURLE_OK)
+      return make_error("{}: could not reach {} ({})", what, s.settings().endpoint, s.describe(code));
     const long status = response_status(s.curl());
     const std::string location = response_header(s.curl(), "Location");
     if (status >= 300 && status < 400 && !location.empty() && location.front() == '/') {
@@ -424,9 +426,10 @@ Status download_blob(Session& s, const FileMeta& meta, const fs::path& incomplet
     return make_error("{}: got {} bytes where the Hub announced {}; kept as {}", path, have, meta.size,
                       incomplete.string());
   if (const std::string got = digest.mismatch(); !got.empty())
-    return make_error("{}: checksum mismatch: the download's {} is {}, the Hub's is {}; refused and kept as {} (a "
-                      "later kiln pull downloads it again)",
-                      path, digest.name(), got, meta.etag, incomplete.string());
+    return make_error(
+        "{}: checksum mismatch: the download's {} is {}, the Hub's is {}; refused and kept as {} (a "
+        "later kiln pull downloads it again)",
+        path, digest.name(), got, meta.etag, incomplete.string());
   if (observer)
     observer(PullEvent{.kind = PullEvent::Kind::finished,
                        .path = path,
@@ -504,7 +507,8 @@ Result<PullResult> pull(const HubSettings& settings, const PullRequest& request,
     std::error_code ec;
     if (fs::exists(pointer, ec)) {  // already complete in the cache (a link to a finished blob)
       if (observer)
-        observer(PullEvent{.kind = PullEvent::Kind::cached, .path = file, .total = uint64_t(fs::file_size(pointer, ec))});
+        observer(
+            PullEvent{.kind = PullEvent::Kind::cached, .path = file, .total = uint64_t(fs::file_size(pointer, ec))});
       continue;
     }
     KILN_ASSIGN(const FileMeta meta, fetch_file_meta(session, ref.repo, info->commit, file));

@@ -23,10 +23,10 @@ namespace kiln::hub {
 
 // Where to download from and into; filled by the caller (the CLI reads the environment).
 struct HubSettings {
-  std::filesystem::path cache_root;               // HF_HUB_CACHE
+  std::filesystem::path cache_root;                 // HF_HUB_CACHE
   std::string endpoint = "https://huggingface.co";  // HF_ENDPOINT, no trailing '/'
-  std::string token;                              // sent as "Authorization: Bearer TOKEN" when not empty
-  std::string token_source;                       // where the token came from, for messages ("HF_TOKEN")
+  std::string token;                                // sent as "Authorization: Bearer TOKEN" when not empty
+  std::string token_source;                         // where the token came from, for messages ("HF_TOKEN")
   std::string user_agent = "kiln";
 };
 
@@ -54,9 +54,9 @@ struct PullRequest {
 
 struct PullResult {
   Snapshot snapshot;
-  int files = 0;        // selected
-  int downloaded = 0;   // of those, fetched now
-  uint64_t bytes = 0;   // fetched now
+  int files = 0;         // selected
+  int downloaded = 0;    // of those, fetched now
+  uint64_t bytes = 0;    // fetched now
   bool offline = false;  // the Hub could not be reached: the cached snapshot was used as it is
 };
 

@@ -83,8 +83,8 @@ Result<CheckpointSummary> summarize_checkpoint(const std::string& model_dir) {
   if (parsed) {
     quantization = std::move(parsed).value();
   } else {
-    const nlohmann::json& block = config.text.contains("quantization_config") ? config.text["quantization_config"]
-                                                                               : config.text["quantization"];
+    const nlohmann::json& block =
+        config.text.contains("quantization_config") ? config.text["quantization_config"] : config.text["quantization"];
     foreign_method = block.is_object() && block.contains("quant_method") && block["quant_method"].is_string()
                          ? block["quant_method"].get<std::string>()
                          : "unknown";

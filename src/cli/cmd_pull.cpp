@@ -103,7 +103,8 @@ void add_pull_command(CLI::App& app, Action& action, const Environment& env) {
   cmd->add_option("repo", options->repo, "Repository id ORG/NAME[@REVISION] (a branch, tag or commit; default main)")
       ->required();
   cmd->add_option("--include", options->include,
-                  "Download only the files matching this glob (fnmatch rules; repeatable; default: every file)");
+                  "Download only the files matching this glob (fnmatch rules; repeatable; default: every file)")
+      ->allow_extra_args(false);  // one glob per --include, so that a repository id after it stays one
   cmd->callback([options, &action, &env] { action = [options, &env] { return run_pull(*options, env); }; });
 }
 

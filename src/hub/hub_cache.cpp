@@ -88,8 +88,8 @@ bool is_commit_hash(std::string_view text) {
 }
 
 std::string repo_folder_name(const std::string& repo) {
-  std::string name = "models--" + repo;
-  for (size_t pos = 0; (pos = name.find('/', pos)) != std::string::npos; pos += 2) name.replace(pos, 1, "--");
+  std::string name = "models--";
+  for (char c : repo) name += c == '/' ? std::string("--") : std::string(1, c);
   return name;
 }
 
@@ -129,8 +129,9 @@ Result<std::vector<CachedRepo>> scan_cache(const fs::path& cache_root) {
     if (folder.rfind("models--", 0) != 0 || !entry.is_directory(ec)) continue;
     CachedRepo repo{.dir = entry.path()};
     // "models--org--name" -> "org/name" (names never hold "--", so the first one is the slash)
-    repo.repo = folder.substr(8);
-    if (size_t dash = repo.repo.find("--"); dash != std::string::npos) repo.repo.replace(dash, 2, "/");
+    const std::string name = folder.substr(8);
+    const size_t dash = name.find("--");
+    repo.repo = dash == std::string::npos ? name : name.substr(0, dash) + "/" + name.substr(dash + 2);
 
     const auto refs = read_refs(entry.path());
     for (const auto& snap : fs::directory_iterator(entry.path() / "snapshots", ec)) {

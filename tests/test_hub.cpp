@@ -74,6 +74,7 @@ class MockHub {
         {.path = "tokenizer.json", .content = read_file(bundled + "/tokenizer.json")},
         {.path = "tokenizer_config.json", .content = read_file(bundled + "/tokenizer_config.json")},
         {.path = "extra/notes.txt", .content = "notes in a folder\n"},
+        {.path = "extra/.keep", .content = ""},
     };
     std::vector<MockFile> dev_files = main_files;
     dev_files[1].content = "# tiny, the dev branch\n";
@@ -268,7 +269,7 @@ TEST_F(Hub, PullLaysOutTheCacheAsHuggingfaceHub) {
   EXPECT_EQ(last_line(r.output), repo + "/snapshots/" + kCommitMain);
   EXPECT_EQ(read_file(repo + "/refs/main"), kCommitMain);  // no newline
   for (const char* path : {".gitattributes", "README.md", "config.json", "model.safetensors", "tokenizer.json",
-                           "tokenizer_config.json", "extra/notes.txt"}) {
+                           "tokenizer_config.json", "extra/notes.txt", "extra/.keep"}) {
     SCOPED_TRACE(path);
     const MockFile& want = hub_.file("kiln-test/tiny", kCommitMain, path);
     const fs::path pointer = fs::path(repo) / "snapshots" / kCommitMain / path;
@@ -280,7 +281,7 @@ TEST_F(Hub, PullLaysOutTheCacheAsHuggingfaceHub) {
   // the LFS file is stored under its sha256, the others under their git blob sha1
   EXPECT_EQ(hub_.file("kiln-test/tiny", kCommitMain, "model.safetensors").etag(),
             sha256(read_file(fixture_path("qwen3_5_dense") + "/model.safetensors")));
-  EXPECT_EQ(std::distance(fs::directory_iterator(repo + "/blobs"), fs::directory_iterator()), 7);
+  EXPECT_EQ(std::distance(fs::directory_iterator(repo + "/blobs"), fs::directory_iterator()), 8);
 
   // a second pull finds everything in place and downloads nothing
   const int before = hub_.downloads();
@@ -427,8 +428,8 @@ TEST_F(Hub, IncludeFiltersAsFnmatch) {
   for (const auto& e : fs::recursive_directory_iterator(snapshot))
     if (!e.is_directory()) got.push_back(e.path().lexically_relative(snapshot).string());
   std::sort(got.begin(), got.end());
-  EXPECT_EQ(got,
-            (std::vector<std::string>{"config.json", "extra/notes.txt", "tokenizer.json", "tokenizer_config.json"}));
+  EXPECT_EQ(got, (std::vector<std::string>{"config.json", "extra/.keep", "extra/notes.txt", "tokenizer.json",
+                                           "tokenizer_config.json"}));
   const auto none = kiln("pull kiln-test/tiny --include '*.gguf'");
   EXPECT_NE(none.exit_code, 0);
   EXPECT_NE(none.output.find("no file of kiln-test/tiny matches --include *.gguf"), std::string::npos) << none.output;
@@ -446,6 +447,11 @@ TEST_F(Hub, UnreachableEndpointNamesTheEndpointAndTheCache) {
   const auto offline = run_command(environment(closed) + KILN_BINARY + " pull kiln-test/tiny");
   EXPECT_EQ(offline.exit_code, 0) << offline.output;
   EXPECT_EQ(last_line(offline.output), repo_dir() + "/snapshots/" + kCommitMain);
+  const auto told = kiln("pull kiln-test/tiny@dev", "HF_HUB_OFFLINE=1");
+  EXPECT_NE(told.exit_code, 0);
+  EXPECT_NE(told.output.find("HF_HUB_OFFLINE is set, and kiln-test/tiny@dev is not in the Hugging Face cache"),
+            std::string::npos)
+      << told.output;
 }
 
 TEST_F(Hub, LsListsThePulledModel) {
@@ -483,15 +489,34 @@ TEST_F(Hub, LsListsThePulledModel) {
   EXPECT_EQ(model["revisions"][0]["refs"], nlohmann::json::array({"main"}));
 }
 
-// An MLX 4-bit checkpoint counts the parameters of the model it was quantized from.
+// An MLX-quantized checkpoint counts the parameters of the model it was quantized from, mixed
+// bits per module included.
 TEST(CheckpointSummary, CountsPackedWeightsUnpacked) {
-  auto plain = summarize_checkpoint(fixture_path("qwen3_5_dense"));
-  auto packed = summarize_checkpoint(fixture_path("q4g64_qwen3_5_dense"));
-  ASSERT_TRUE(plain.ok() && packed.ok());
-  EXPECT_EQ(packed->parameters, plain->parameters);
-  EXPECT_EQ(packed->quantization, "mlx 4-bit g64");
-  EXPECT_EQ(plain->quantization, "f32");
-  EXPECT_EQ(plain->model_type, "qwen3_5_text");
+  struct Case {
+    const char *packed, *plain, *quantization, *plain_dtype, *model_type;
+  };
+  for (const Case& c :
+       {Case{"q4g64_qwen3_5_dense", "qwen3_5_dense", "mlx 4-bit g64", "f32", "qwen3_5_text"},
+        Case{"q4g32_qwen3_5_moe", "qwen3_5_moe", "mlx mixed 4/8-bit g32/64", "f32", "qwen3_5_moe/qwen3_5_moe_text"},
+        Case{"qmixed_qwen3_5_untied", "qwen3_5_untied_mlx", "mlx mixed 4/5/6/8-bit g32/64", "bf16",
+             "qwen3_5/qwen3_5_text"}}) {
+    SCOPED_TRACE(c.packed);
+    auto plain = summarize_checkpoint(fixture_path(c.plain));
+    auto packed = summarize_checkpoint(fixture_path(c.packed));
+    ASSERT_TRUE(plain.ok() && packed.ok());
+    int64_t parameters = 0;  // the reference: every tensor's elements
+    for (const auto& entry : fs::directory_iterator(fixture_path(c.plain))) {
+      if (entry.path().extension() != ".safetensors") continue;
+      auto file = SafetensorsFile::open(entry.path().string());
+      ASSERT_TRUE(file.ok());
+      for (const auto& t : (*file)->tensors()) parameters += t.shape.numel();
+    }
+    EXPECT_EQ(plain->parameters, parameters);
+    EXPECT_EQ(packed->parameters, parameters);
+    EXPECT_EQ(packed->quantization, c.quantization);
+    EXPECT_EQ(plain->quantization, c.plain_dtype);
+    EXPECT_EQ(packed->model_type, c.model_type);
+  }
 }
 
 // Starts `kiln serve` on a free port and returns the URL it prints.

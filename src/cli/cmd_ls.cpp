@@ -79,7 +79,7 @@ Row describe(const hub::CachedRepo& repo) {
   auto summary = summarize_checkpoint(dir);
   if (summary) {
     row.model_type = summary->model_type;
-    row.parameters = format_count(summary->parameters);
+    if (summary->parameters > 0) row.parameters = format_count(summary->parameters);
     row.quantization = summary->quantization;
     row.json["model_type"] = summary->model_type;
     row.json["parameters"] = summary->parameters;
@@ -116,8 +116,10 @@ Status run_ls(const LsOptions& o, const Environment& env) {
   }
   const std::vector<std::string> header = {"ID", "REVISIONS", "MODEL_TYPE", "PARAMS", "QUANT", "SIZE", "RUNS"};
   std::vector<std::vector<std::string>> table = {header};
+  auto cell = [](const std::string& text) { return text.empty() ? std::string("-") : text; };
   for (const Row& r : rows)
-    table.push_back({r.id, r.revisions, r.model_type, r.parameters, r.quantization, r.size, r.runs});
+    table.push_back(
+        {r.id, cell(r.revisions), cell(r.model_type), cell(r.parameters), cell(r.quantization), r.size, r.runs});
   std::vector<size_t> width(header.size(), 0);
   for (const auto& line : table)
     for (size_t c = 0; c < line.size(); ++c) width[c] = std::max(width[c], display_width(line[c]));

@@ -1,5 +1,7 @@
 #include "cli/environment.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 
@@ -58,6 +60,9 @@ Environment read_environment() {
     env.hub.token = read_token_file(path);
     if (!env.hub.token.empty()) env.hub.token_source = path;
   }
+  std::string offline = variable("HF_HUB_OFFLINE");
+  std::transform(offline.begin(), offline.end(), offline.begin(), [](unsigned char c) { return std::toupper(c); });
+  env.hub.offline = offline == "1" || offline == "ON" || offline == "YES" || offline == "TRUE";
 #ifdef KILN_VERSION
   env.hub.user_agent = "kiln/" KILN_VERSION;
 #endif

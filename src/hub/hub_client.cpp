@@ -376,9 +376,10 @@ class BlobLock {
 Status download_blob(Session& s, const FileMeta& meta, const fs::path& incomplete, const std::string& path,
                      const PullObserver& observer, uint64_t& fetched) {
   std::error_code ec;
-  uint64_t resumed = fs::exists(incomplete, ec) ? fs::file_size(incomplete, ec) : 0;
+  const bool partial = fs::exists(incomplete, ec);
+  uint64_t resumed = partial ? fs::file_size(incomplete, ec) : 0;
   BlobDigest digest(meta);
-  if (resumed == meta.size) {  // an earlier attempt got every byte: check them before anything else
+  if (partial && resumed == meta.size) {  // an earlier attempt got every byte: check them before anything else
     KILN_TRY(digest.update_from_file(incomplete));
     if (digest.mismatch().empty()) return ok_status();
     spdlog::warn("{}: {} holds all {} bytes but its {} is wrong; downloading it again", path, incomplete.string(),
@@ -475,6 +476,13 @@ bool matches_any(const std::string& path, const std::vector<std::string>& globs)
 Result<PullResult> pull(const HubSettings& settings, const PullRequest& request, const PullObserver& observer) {
   const RepoRef& ref = request.ref;
   const fs::path repo_dir = settings.cache_root / repo_folder_name(ref.repo);
+  if (settings.offline) {
+    auto cached = find_snapshot(settings.cache_root, ref);
+    if (!cached)
+      return make_error("HF_HUB_OFFLINE is set, and {} is not in the Hugging Face cache at {}", ref.describe(),
+                        repo_dir.string());
+    return PullResult{.snapshot = *cached, .offline = true};
+  }
   Session session(settings);
   if (!session.ok()) return make_error("cannot start libcurl");
 

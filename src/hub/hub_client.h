@@ -28,6 +28,7 @@ struct HubSettings {
   std::string token;                                // sent as "Authorization: Bearer TOKEN" when not empty
   std::string token_source;                         // where the token came from, for messages ("HF_TOKEN")
   std::string user_agent = "kiln";
+  bool offline = false;  // HF_HUB_OFFLINE: never reach the endpoint, use what the cache holds
 };
 
 // What a pull reports as it goes, for a progress display.

@@ -88,6 +88,9 @@ class MockHub {
     repos_["kiln-test/corrupt"] = {.branches = {{"main", kCommitCorrupt}},
                                    .commits = {{kCommitCorrupt, {main_files[2], bad}}}};
 
+    repos_["kiln-test/escape"] = {.branches = {{"main", kCommitMain}},
+                                  .commits = {{kCommitMain, {{.path = "../../../outside.txt", .content = "x"}}}}};
+
     server_.Get(R"(/api/models/([^/]+)/([^/]+)/revision/(.+))",
                 [this](const httplib::Request& req, httplib::Response& res) { revision(req, res); });
     server_.Get(R"(/([^/]+)/([^/]+)/resolve/([^/]+)/(.+))",
@@ -392,6 +395,10 @@ TEST_F(Hub, UnauthorizedAndNotFoundAreOneLine) {
   EXPECT_NE(no_revision.exit_code, 0);
   EXPECT_NE(no_revision.output.find("kiln: error: kiln-test/tiny@nope: no such revision"), std::string::npos)
       << no_revision.output;
+  const auto escape = kiln("pull kiln-test/escape");
+  EXPECT_NE(escape.output.find("kiln: error: kiln-test/escape: the Hub listed a file outside the repository"),
+            std::string::npos)
+      << escape.output;
   const auto not_an_id = kiln("pull not-an-id");
   EXPECT_NE(not_an_id.output.find("is not a repository id"), std::string::npos) << not_an_id.output;
 }

@@ -451,6 +451,15 @@ Status link_into_snapshot(const fs::path& blob, const fs::path& pointer) {
   return ok_status();
 }
 
+// A relative path with no ".." in it: one that stays inside the snapshot once joined to it.
+bool inside_repository(const std::string& file) {
+  const fs::path path(file);
+  if (file.empty() || path.is_absolute()) return false;
+  for (const fs::path& part : path)
+    if (part == "..") return false;
+  return true;
+}
+
 Status write_ref(const fs::path& repo_dir, const std::string& revision, const std::string& commit) {
   const fs::path ref = repo_dir / "refs" / revision;
   std::error_code ec;
@@ -501,8 +510,11 @@ Result<PullResult> pull(const HubSettings& settings, const PullRequest& request,
   }
 
   std::vector<std::string> files;
-  for (const std::string& file : info->files)
+  for (const std::string& file : info->files) {
+    if (!inside_repository(file))
+      return make_error("{}: the Hub listed a file outside the repository ('{}')", ref.describe(), file);
     if (matches_any(file, request.include)) files.push_back(file);
+  }
   if (files.empty() && !request.include.empty())
     return make_error("no file of {} matches --include {} ({} files in the repository)", ref.describe(),
                       fmt::join(request.include, " --include "), info->files.size());

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "cli/validators.h"
 #include "models/model.h"
 #include "runtime/decode_loop.h"
@@ -21,6 +22,7 @@ namespace {
 
 struct BenchOptions {
   std::string model_dir;
+  std::string model_name;  // as named on the command line
   int64_t prompt_len = 512;
   int64_t gen = 128;
   int64_t batch = 1;
@@ -179,7 +181,7 @@ Status run_bench(const BenchOptions& o) {
   }
 
   nlohmann::ordered_json j;
-  j["model"] = o.model_dir;
+  j["model"] = o.model_name;
   j["model_type"] = info.model_type;
   j["weight_bytes"] = info.weight_bytes;
   j["device"] = backend->name();
@@ -209,7 +211,7 @@ Status run_bench(const BenchOptions& o) {
       fmt::print(stderr, "prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
     return ok_status();
   }
-  fmt::print("kiln bench: {} ({}, {:.2f} GB of weights) on {}\n", o.model_dir, info.model_type,
+  fmt::print("kiln bench: {} ({}, {:.2f} GB of weights) on {}\n", o.model_name, info.model_type,
              double(info.weight_bytes) / 1e9, backend->name());
   fmt::print("  prompt {} x batch {}, {} generated{}; median of {} runs after a warm-up; load {:.1f} s\n", o.prompt_len,
              o.batch, o.gen, o.context > 0 ? fmt::format(", caches of {} tokens", o.context) : "", o.runs, load_s);
@@ -228,10 +230,11 @@ Status run_bench(const BenchOptions& o) {
 
 }  // namespace
 
-void add_bench_command(CLI::App& app, Action& action) {
+void add_bench_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed on a model directory");
-  cmd->add_option("model_dir", options->model_dir, "Model directory")->required();
+  cmd->add_option("model_dir", options->model_dir, "Model directory or Hugging Face id ORG/NAME[@REV] in the cache")
+      ->required();
   cmd->add_option("--prompt-len", options->prompt_len, "Prompt tokens per sequence")->check(positive_number());
   cmd->add_option("--gen", options->gen, "Tokens generated per sequence")->check(number_in(2, 1 << 20));
   cmd->add_option("--batch", options->batch, "Sequences decoded together")->check(positive_number());
@@ -243,7 +246,14 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_flag("!--no-matmul-peak", options->matmul_peak, "Skip measuring the matrix-product peak");
   cmd->add_flag("--profile", options->profile, "Also time every op of one prefill and a few decode steps");
   add_run_options(*cmd, options->run);
-  cmd->callback([options, &action] { action = [options] { return run_bench(*options); }; });
+  cmd->callback([options, &action, &env] {
+    action = [options, &env]() -> Status {
+      options->model_name = options->model_dir;
+      KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
+      options->model_dir = model.dir;
+      return run_bench(*options);
+    };
+  });
 }
 
 }  // namespace kiln::cli

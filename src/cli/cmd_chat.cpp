@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <iostream>
 
-#include "cli/default_model.h"
 #include "cli/generation.h"
+#include "cli/model_source.h"
 #include "text/tokenizer/unicode.h"
 
 namespace kiln::cli {
@@ -145,17 +145,19 @@ Status run_chat(const ChatOptions& o) {
 
 }  // namespace
 
-void add_chat_command(CLI::App& app, Action& action) {
+void add_chat_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<ChatOptions>();
   auto* cmd = app.add_subcommand("chat", "Chat with a model in the terminal");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (default: the bundled demo model)");
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled demo model)");
   cmd->add_option("--system", options->system, "A system message");
   cmd->add_flag("--enable-thinking", options->enable_thinking, "Let the model think before answering");
   add_sampling_options(*cmd, options->generation);
   add_run_options(*cmd, options->run);
-  cmd->callback([options, &action] {
-    action = [options]() -> Status {
-      KILN_ASSIGN(options->model_dir, resolve_model_dir(options->model_dir));
+  cmd->callback([options, &action, &env] {
+    action = [options, &env]() -> Status {
+      KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
+      options->model_dir = model.dir;
       KILN_TRY(apply_sampling_defaults(options->model_dir, options->generation));
       return run_chat(*options);
     };

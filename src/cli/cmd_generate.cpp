@@ -8,8 +8,8 @@
 #include <charconv>
 #include <cstdio>
 
-#include "cli/default_model.h"
 #include "cli/generation.h"
+#include "cli/model_source.h"
 #include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
 
@@ -105,18 +105,20 @@ Status run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
-void add_generate_command(CLI::App& app, Action& action) {
+void add_generate_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (default: the bundled demo model)");
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled demo model)");
   auto* prompt = cmd->add_option("--prompt", options->prompt, "The prompt (a user message unless --raw)");
   cmd->add_flag("--raw", options->raw, "Feed the prompt as it is, without the chat template");
   cmd->add_option("--ids", options->ids, "Comma-separated prompt token ids; prints generated ids")->excludes(prompt);
   add_sampling_options(*cmd, options->generation);
   add_run_options(*cmd, options->run);
-  cmd->callback([options, &action] {
-    action = [options]() -> Status {
-      KILN_ASSIGN(options->model_dir, resolve_model_dir(options->model_dir));
+  cmd->callback([options, &action, &env] {
+    action = [options, &env]() -> Status {
+      KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
+      options->model_dir = model.dir;
       KILN_TRY(apply_sampling_defaults(options->model_dir, options->generation));
       return run_generate(*options);
     };

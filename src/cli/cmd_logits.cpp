@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "cli/validators.h"
 #include "core/npy.h"
 #include "models/activation_dump.h"
@@ -72,10 +73,12 @@ Status run_logits(const LogitsOptions& o) {
 
 }  // namespace
 
-void add_logits_command(CLI::App& app, Action& action) {
+void add_logits_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<LogitsOptions>();
   auto* cmd = app.add_subcommand("logits", "Write the logits of every position of a token sequence to a .npy file");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (config.json, *.safetensors)")->required();
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory (config.json, *.safetensors) or Hugging Face id ORG/NAME[@REV] in the cache")
+      ->required();
   cmd->add_option("--ids", options->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", options->out, "Output .npy file (float32 [ids, vocab])")->required();
   cmd->add_option("--dump", options->dump_dir,
@@ -84,7 +87,13 @@ void add_logits_command(CLI::App& app, Action& action) {
                   "Feed the ids through the cache this many at a time (1: pure decode; default: all at once)")
       ->check(positive_number());
   add_run_options(*cmd, options->run);
-  cmd->callback([options, &action] { action = [options] { return run_logits(*options); }; });
+  cmd->callback([options, &action, &env] {
+    action = [options, &env]() -> Status {
+      KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
+      options->model_dir = model.dir;
+      return run_logits(*options);
+    };
+  });
 }
 
 }  // namespace kiln::cli

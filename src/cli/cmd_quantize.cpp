@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "cli/validators.h"
 #include "quant/quantize_model.h"
 
@@ -42,17 +43,25 @@ Status run_quantize(const QuantizeArgs& a) {
 
 }  // namespace
 
-void add_quantize_command(CLI::App& app, Action& action) {
+void add_quantize_command(CLI::App& app, Action& action, const Environment& env) {
   auto a = std::make_shared<QuantizeArgs>();
   auto* cmd = app.add_subcommand("quantize", "Write an MLX affine-quantized copy of a model directory");
-  cmd->add_option("in_dir", a->in_dir, "Model directory (bf16, f16 or f32)")->required();
+  cmd->add_option("in_dir", a->in_dir,
+                  "Model directory (bf16, f16 or f32) or Hugging Face id ORG/NAME[@REV] in the cache")
+      ->required();
   cmd->add_option("out_dir", a->out_dir, "Directory to write")->required();
   cmd->add_option("--bits", a->bits, "Bits per weight (2, 3, 4, 5, 6, 8)");
   cmd->add_option("--group-size", a->group_size, "Weights per scale and bias (32, 64, 128)");
   cmd->add_option("--override", a->overrides,
                   "MODULE_GLOB=BITS[:GROUP] (BITS 'none' keeps a module unquantized); the last match wins");
   cmd->add_option("--threads", a->threads, "Worker threads (0: all cores)")->check(number_in(0, kMaxThreads));
-  cmd->callback([a, &action] { action = [a] { return run_quantize(*a); }; });
+  cmd->callback([a, &action, &env] {
+    action = [a, &env]() -> Status {
+      KILN_ASSIGN(const ModelSource model, resolve_model(a->in_dir, env));
+      a->in_dir = model.dir;
+      return run_quantize(*a);
+    };
+  });
 }
 
 }  // namespace kiln::cli

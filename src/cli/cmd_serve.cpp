@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/default_model.h"
+#include "cli/model_source.h"
 #include "cli/validators.h"
 #include "models/model.h"
 #include "runtime/sampling_defaults.h"
@@ -53,8 +53,10 @@ bool wait_for_signal(int timeout_ms) {
   return read(signal_pipe[0], &byte, 1) == 1;
 }
 
-Status serve(ServeOptions o) {
-  KILN_ASSIGN(const std::string model_dir, resolve_model_dir(o.model_dir));  // the bundled model when none is named
+Status serve(ServeOptions o, const Environment& env) {
+  // the bundled model when none is named; an id names a snapshot in the Hugging Face cache
+  KILN_ASSIGN(const ModelSource source, resolve_model(o.model_dir, env));
+  const std::string& model_dir = source.dir;
   if (pipe(signal_pipe) != 0) return make_error("cannot create the signal pipe");
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -88,15 +90,17 @@ Status serve(ServeOptions o) {
   KILN_ASSIGN(auto model, load_model(model_dir, *backend));
   KILN_ASSIGN(auto scheduler, Scheduler::create(*model, o.scheduler));
   served.scheduler = scheduler.get();
-  served.name =
-      !o.served_name.empty() ? o.served_name : std::filesystem::path(model_dir).lexically_normal().filename().string();
+  // as vLLM names it: --served-model-name, else the repository id, else the directory's name
+  served.name = !o.served_name.empty()    ? o.served_name
+                : !source.repo_id.empty() ? source.repo_id
+                                          : std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (served.name.empty()) served.name = std::filesystem::path(model_dir).parent_path().filename().string();
   KILN_ASSIGN(auto http, server::Server::create(std::move(served), o.http));
   KILN_ASSIGN(const int port, http->bind());
   fmt::print("kiln: listening on http://{}:{} (model {}, batch {}, context {}, {}, {})\n", o.http.host, port,
-             std::filesystem::path(model_dir).filename().string(), scheduler->options().max_batch,
-             scheduler->options().context, scheduler->options().batch_invariant ? "batch-invariant" : "batched rows",
-             backend->name());
+             source.repo_id.empty() ? std::filesystem::path(model_dir).filename().string() : source.repo_id,
+             scheduler->options().max_batch, scheduler->options().context,
+             scheduler->options().batch_invariant ? "batch-invariant" : "batched rows", backend->name());
   std::fflush(stdout);
 
   std::thread waiter([&] {
@@ -122,10 +126,11 @@ Status serve(ServeOptions o) {
 
 }  // namespace
 
-void add_serve_command(CLI::App& app, Action& action) {
+void add_serve_command(CLI::App& app, Action& action, const Environment& env) {
   auto o = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI and Anthropic APIs)");
-  cmd->add_option("MODEL_DIR", o->model_dir, "Model directory (default: the bundled model)");
+  cmd->add_option("MODEL_DIR", o->model_dir,
+                  "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled model)");
   cmd->add_option("--host", o->http.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->http.port, "Port (0: any free port)")->capture_default_str()->check(number_in(0, 65535));
   cmd->add_option("--api-key", o->http.api_key, "Require this bearer token on every request");
@@ -151,7 +156,8 @@ void add_serve_command(CLI::App& app, Action& action) {
                   "Seconds a request's headers may take, and any pause in it, before it gets 408")
       ->capture_default_str()
       ->check(number_in(1, 3600));
-  cmd->add_option("--served-model-name", o->served_name, "The model id clients use (default: the directory name)");
+  cmd->add_option("--served-model-name", o->served_name,
+                  "The model id clients use (default: the repository id, else the directory name)");
   cmd->add_option("--grace", o->grace_seconds, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()
       ->check(non_negative_number());
@@ -161,7 +167,7 @@ void add_serve_command(CLI::App& app, Action& action) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none"}));
   add_run_options(*cmd, o->run);
-  cmd->callback([o, &action] { action = [o] { return serve(*o); }; });
+  cmd->callback([o, &action, &env] { action = [o, &env] { return serve(*o, env); }; });
 }
 
 }  // namespace kiln::cli

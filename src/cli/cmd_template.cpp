@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "text/chat_template.h"
 
 namespace kiln::cli {
@@ -55,10 +56,11 @@ Status run_template(const TemplateOptions& o) {
 
 }  // namespace
 
-void add_template_command(CLI::App& app, Action& action) {
+void add_template_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<TemplateOptions>();
   auto* cmd = app.add_subcommand("template", "Print the prompt a model's chat template makes of a conversation");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (tokenizer_config.json, chat_template.jinja)")
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory (tokenizer_config.json, chat_template.jinja) or Hugging Face id ORG/NAME[@REV]")
       ->required();
   cmd->add_option("--messages", options->messages_file, "JSON file with the list of messages")->required();
   cmd->add_option("--tools", options->tools_file, "JSON file with the list of tool definitions");
@@ -67,7 +69,13 @@ void add_template_command(CLI::App& app, Action& action) {
   auto* enable = cmd->add_flag("--enable-thinking", options->enable_thinking, "Pass enable_thinking=True");
   auto* disable = cmd->add_flag("--disable-thinking", options->disable_thinking, "Pass enable_thinking=False");
   enable->excludes(disable);
-  cmd->callback([options, &action] { action = [options] { return run_template(*options); }; });
+  cmd->callback([options, &action, &env] {
+    action = [options, &env]() -> Status {
+      KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
+      options->model_dir = model.dir;
+      return run_template(*options);
+    };
+  });
 }
 
 }  // namespace kiln::cli

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "text/tokenizer/tokenizer.h"
 #include "text/tokenizer/tokenizer_json.h"
 
@@ -40,14 +41,23 @@ Status run_tokenize(const TokenizeOptions& o) {
 
 }  // namespace
 
-void add_tokenize_command(CLI::App& app, Action& action) {
+void add_tokenize_command(CLI::App& app, Action& action, const Environment& env) {
   auto options = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
-  cmd->add_option("model_dir", options->model_dir, "Model directory (tokenizer.json, tokenizer_config.json)");
+  cmd->add_option("model_dir", options->model_dir,
+                  "Model directory (tokenizer.json, tokenizer_config.json) or Hugging Face id ORG/NAME[@REV]");
   options->text_option = cmd->add_option("--text", options->text, "The text to tokenize");
   options->file_option = cmd->add_option("--file", options->file, "A UTF-8 file to tokenize");
   cmd->add_flag("--add-special", options->add_special, "Add the special tokens of the tokenizer's template (BOS)");
-  cmd->callback([options, &action] { action = [options] { return run_tokenize(*options); }; });
+  cmd->callback([options, &action, &env] {
+    action = [options, &env]() -> Status {
+      if (!options->model_dir.empty()) {  // run_tokenize reports a missing one
+        KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
+        options->model_dir = model.dir;
+      }
+      return run_tokenize(*options);
+    };
+  });
 }
 
 }  // namespace kiln::cli

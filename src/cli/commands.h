@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/environment.h"
 #include "core/status.h"
 #include "ops/backend.h"
 
@@ -24,14 +25,17 @@ Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options);
 // A subcommand's action; its Status becomes the exit code and one error line.
 using Action = std::function<Status()>;
 
-void add_logits_command(CLI::App& app, Action& action);
+// Commands that take a model resolve it through `env` (see model_source.h); `env` outlives them.
+void add_logits_command(CLI::App& app, Action& action, const Environment& env);
 void add_synth_model_command(CLI::App& app, Action& action);
-void add_quantize_command(CLI::App& app, Action& action);
-void add_bench_command(CLI::App& app, Action& action);
-void add_tokenize_command(CLI::App& app, Action& action);
-void add_generate_command(CLI::App& app, Action& action);
-void add_chat_command(CLI::App& app, Action& action);
-void add_template_command(CLI::App& app, Action& action);
-void add_serve_command(CLI::App& app, Action& action);
+void add_quantize_command(CLI::App& app, Action& action, const Environment& env);
+void add_bench_command(CLI::App& app, Action& action, const Environment& env);
+void add_tokenize_command(CLI::App& app, Action& action, const Environment& env);
+void add_generate_command(CLI::App& app, Action& action, const Environment& env);
+void add_chat_command(CLI::App& app, Action& action, const Environment& env);
+void add_template_command(CLI::App& app, Action& action, const Environment& env);
+void add_serve_command(CLI::App& app, Action& action, const Environment& env);
+void add_pull_command(CLI::App& app, Action& action, const Environment& env);
+void add_ls_command(CLI::App& app, Action& action, const Environment& env);
 
 }  // namespace kiln::cli

@@ -25,16 +25,20 @@ int main(int argc, char** argv) {
   int verbosity = 0;
   app.add_flag("-v,--verbose", verbosity, "More log output (repeat for debug)");
 
+  // the environment is read here, once; commands get what they need of it
+  const kiln::cli::Environment env = kiln::cli::read_environment();
   kiln::cli::Action action;
-  kiln::cli::add_logits_command(app, action);
+  kiln::cli::add_logits_command(app, action, env);
   kiln::cli::add_synth_model_command(app, action);
-  kiln::cli::add_quantize_command(app, action);
-  kiln::cli::add_bench_command(app, action);
-  kiln::cli::add_tokenize_command(app, action);
-  kiln::cli::add_template_command(app, action);
-  kiln::cli::add_generate_command(app, action);
-  kiln::cli::add_chat_command(app, action);
-  kiln::cli::add_serve_command(app, action);
+  kiln::cli::add_quantize_command(app, action, env);
+  kiln::cli::add_bench_command(app, action, env);
+  kiln::cli::add_tokenize_command(app, action, env);
+  kiln::cli::add_template_command(app, action, env);
+  kiln::cli::add_generate_command(app, action, env);
+  kiln::cli::add_chat_command(app, action, env);
+  kiln::cli::add_serve_command(app, action, env);
+  kiln::cli::add_pull_command(app, action, env);
+  kiln::cli::add_ls_command(app, action, env);
 
   // CLI11 reports an unknown command as a missing one
   if (argc > 1 && argv[1][0] != '-') {

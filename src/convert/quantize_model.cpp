@@ -1,4 +1,4 @@
-#include "quant/quantize_model.h"
+#include "convert/quantize_model.h"
 
 #include <fmt/format.h>
 #include <fnmatch.h>
@@ -10,12 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "convert/check_model.h"
 #include "core/files.h"
 #include "core/thread_pool.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
-#include "models/model.h"
 #include "quant/affine.h"
 
 namespace kiln {

@@ -14,10 +14,10 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "convert/quantize_model.h"
 #include "io/config.h"
 #include "io/synthetic.h"
 #include "models/model.h"
-#include "quant/quantize_model.h"
 #include "runtime/decode_loop.h"
 #include "runtime/prefill.h"
 #include "runtime/scheduler.h"

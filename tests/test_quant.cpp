@@ -8,10 +8,11 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "convert/check_model.h"
+#include "convert/quantize_model.h"
 #include "io/quantization.h"
 #include "models/model.h"
 #include "quant/affine.h"
-#include "quant/quantize_model.h"
 #include "quant/tiles.h"
 #include "quant_test_util.h"
 #include "runtime/prefill.h"

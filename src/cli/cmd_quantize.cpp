@@ -7,7 +7,7 @@
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "cli/validators.h"
-#include "quant/quantize_model.h"
+#include "convert/quantize_model.h"
 
 namespace kiln::cli {
 

@@ -3,8 +3,8 @@
 
 #include <vector>
 
+#include "layers/sequence_state.h"
 #include "ops/backend.h"
-#include "runtime/sequence_state.h"
 
 namespace kiln {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "layers/batch.h"
-#include "models/loader.h"
+#include "layers/loader.h"
 #include "ops/backend.h"
 
 namespace kiln {

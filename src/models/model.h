@@ -12,8 +12,8 @@
 #include "io/config.h"
 #include "io/synthetic.h"
 #include "layers/batch.h"
+#include "layers/sequence_state.h"
 #include "ops/backend.h"
-#include "runtime/sequence_state.h"
 
 namespace kiln {
 
@@ -123,11 +123,6 @@ Result<std::vector<CheckpointTensor>> checkpoint_part_tensors(const ModelConfigF
 // model_type through an explicit table; an unknown one is an error naming it.
 Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend,
                                           const ModelOptions& options = {});
-
-// Checks a model directory as load_model does (config.json, the name, shape and dtype of every
-// tensor the model uses, the quantization block), with the same errors, without reading its
-// weights: the family's loader runs on the meta backend.
-Status check_model(const std::string& model_dir);
 
 std::vector<std::string> supported_model_types();
 

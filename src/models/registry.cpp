@@ -6,7 +6,6 @@
 
 #include <map>
 
-#include "backend/meta/meta_backend.h"
 #include "io/config.h"
 #include "io/weights.h"
 #include "models/batch_prep.h"
@@ -188,12 +187,6 @@ Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend&
   } catch (const std::exception& e) {
     return make_error("loading {} failed: {}", model_dir, e.what());
   }
-}
-
-Status check_model(const std::string& model_dir) {
-  MetaBackend backend;
-  KILN_TRY(load_model(model_dir, backend));
-  return ok_status();
 }
 
 }  // namespace kiln

@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "runtime/sequence_state.h"
+#include "layers/sequence_state.h"
 
 namespace kiln {
 

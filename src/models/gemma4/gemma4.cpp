@@ -8,9 +8,9 @@
 #include <map>
 
 #include "layers/attention.h"
+#include "layers/loader.h"
 #include "layers/mlp.h"
 #include "models/batch_prep.h"
-#include "models/loader.h"
 
 namespace kiln {
 

@@ -8,9 +8,9 @@
 
 #include "layers/attention.h"
 #include "layers/gated_delta_net.h"
+#include "layers/loader.h"
 #include "layers/mlp.h"
 #include "models/batch_prep.h"
-#include "models/loader.h"
 
 namespace kiln {
 

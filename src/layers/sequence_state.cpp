@@ -1,4 +1,4 @@
-#include "runtime/sequence_state.h"
+#include "layers/sequence_state.h"
 
 #include <cassert>
 

@@ -1,4 +1,4 @@
-#include "quant/quantize_model.h"
+#include "convert/quantize_model.h"
 
 #include <fmt/format.h>
 #include <fnmatch.h>
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "convert/check_model.h"
 #include "core/files.h"
 #include "core/thread_pool.h"
 #include "io/config.h"

@@ -1,4 +1,4 @@
-#include "models/loader.h"
+#include "layers/loader.h"
 
 #include <cstring>
 

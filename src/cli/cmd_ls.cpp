@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "convert/check_model.h"
 #include "hub/hub_cache.h"
 #include "io/checkpoint_summary.h"
 #include "models/model.h"
@@ -87,10 +88,17 @@ Row describe(const hub::CachedRepo& repo) {
   } else {
     row.json["error"] = summary.error().message;
   }
-  const Status check = check_model(dir);
-  row.runs = check ? "text" : short_reason(check.error().message, dir);
+  const auto check = inspect_model(dir);
+  row.runs = check.ok() ? "text" : short_reason(check.error().message, dir);
+  if (check.ok() && !check->empty()) {
+    std::string parts;
+    for (const auto& p : *check) parts += (parts.empty() ? "" : ", ") + p.part;
+    row.runs += " (set aside: " + parts + ")";
+    row.json["set_aside"] = nlohmann::json::array();
+    for (const auto& p : *check) row.json["set_aside"].push_back({{"part", p.part}, {"not_yet", p.not_yet}});
+  }
   row.json["runs"] = row.runs;
-  if (!check) row.json["check_error"] = check.error().message;
+  if (!check.ok()) row.json["check_error"] = check.error().message;
   return row;
 }
 

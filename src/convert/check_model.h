@@ -5,11 +5,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/status.h"
+#include "models/model.h"
 
 namespace kiln {
 
 Status check_model(const std::string& model_dir);
+// The same check, and what the checkpoint holds that kiln sets aside (towers, MTP heads).
+Result<std::vector<SetAsideFinding>> inspect_model(const std::string& model_dir);
 
 }  // namespace kiln

@@ -4,7 +4,8 @@ below it that its floor depends on, directly or through others.
 
 The floor table comes from the kiln_floor() declarations in CMakeLists.txt, which the configure step
 writes to floors.txt in the build directory: one line per floor, `floor: dependency ...`, and
-`alias: name floor` for a public-header prefix that belongs to a floor (include/kiln/ -> engine).
+`alias: name floor` for a public-header prefix that belongs to a floor (include/kiln/ -> engine), or
+one public header (kiln/status.h -> core: errors as values, which every floor and the API share).
 
   check-floors.py --table build/floors.txt --source-dir . [--cmake CMakeLists.txt]  # exit 1 on a violation
   check-floors.py --table build/floors.txt --source-dir . --self-test
@@ -99,7 +100,10 @@ def check(source_dir, deps, aliases):
     roots = [os.path.join(source_dir, r) for r in ROOTS]
     problems = []
 
-    def floor_of(first):
+    def floor_of(first, whole=None):
+        # an alias names a prefix folder (kiln -> engine) or one header (kiln/status.h -> core)
+        if whole is not None and whole in aliases:
+            return aliases[whole]
         return aliases.get(first, first)
 
     for root, rel, path in source_files(source_dir):
@@ -108,7 +112,7 @@ def check(source_dir, deps, aliases):
         if len(parts) < 2:
             problems.append(f"{shown}:1: a file directly in {root}/ belongs to no floor")
             continue
-        floor = floor_of(parts[0])
+        floor = floor_of(parts[0], "/".join(parts))
         if floor not in deps:
             problems.append(f"{shown}:1: floor '{floor}' is not declared; add kiln_floor({floor} ...) to CMakeLists.txt")
             continue
@@ -127,7 +131,7 @@ def check(source_dir, deps, aliases):
                 exists = any(os.path.exists(os.path.join(r, target)) for r in roots)
                 if bracket == "<" and not exists:
                     continue  # a system or third-party header
-                included = floor_of(pieces[0])
+                included = floor_of(pieces[0], target)
                 if included not in deps:
                     if exists or os.path.isdir(os.path.join(source_dir, "src", pieces[0])):
                         problems.append(f"{shown}:{number}: includes {target}, of floor '{included}', "

@@ -1,6 +1,14 @@
 // kiln generate and kiln chat end to end, on a small synthetic model with the real Qwen 3
 // tokenizer and chat template (from the npm test assets): reproducibility, and clear errors for
-// bad prompts.
+// bad prompts. On the bundled model: generate, chat and serve give the same answer to the same
+// request (one path through the engine), and the stats line starts a line of its own.
+#include <httplib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "bundled_model.h"
 #include "io/synthetic.h"
 #include "models/model.h"
 #include "test_util.h"
@@ -157,6 +165,83 @@ TEST(CliGenerateIds, KeepWithinTheContext) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto out = nlohmann::json::parse(r.output);
   EXPECT_EQ(out.size(), 2u) << r.output;
+}
+
+// The text on stdout is flushed and its line ended before the stats line goes to stderr, so that
+// the two never run together in one stream (a terminal, or 2>&1 into a pipe).
+TEST(CliGenerateBundled, StatsLineStartsALine) {
+  const auto r = run_command(std::string(KILN_BINARY) + " generate " + bundled_model_dir() +
+                             " --raw --prompt 'And the waters' --max-tokens 8 --temp 0 --device cpu --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t stats = r.output.find("prompt: ");
+  ASSERT_NE(stats, std::string::npos) << r.output;
+  ASSERT_GT(stats, 0u) << "no text before the stats line: " << r.output;
+  EXPECT_EQ(r.output[stats - 1], '\n') << r.output;
+  EXPECT_EQ(r.output.find("prompt: ", stats + 1), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.back(), '\n');
+}
+
+// A `kiln serve` on a free port for the life of the object.
+class BackgroundServer {
+ public:
+  BackgroundServer(const std::string& model, const std::string& options) {
+    const auto started = run_command(std::string(KILN_BINARY) + " serve " + model + " --port 0 " + options + " >" +
+                                     log() + " 2>&1 & echo $!");
+    pid_ = std::atoi(started.output.c_str());
+    for (int i = 0; i < 600 && url_.empty(); ++i) {
+      std::ifstream in(log());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (const size_t at = text.find("http://"); at != std::string::npos && text.find('\n', at) != std::string::npos)
+        url_ = text.substr(at, text.find_first_of(" \n", at) - at);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ~BackgroundServer() {
+    const std::string pid = std::to_string(pid_);
+    if (pid_ > 0)
+      run_command("kill " + pid + "; for i in $(seq 100); do kill -0 " + pid +
+                  " 2>/dev/null || break; sleep 0.1; done");
+  }
+  const std::string& url() const { return url_; }
+  std::string log() const { return dir_.path() + "/serve.log"; }
+
+ private:
+  TempDir dir_;
+  int pid_ = 0;
+  std::string url_;
+};
+
+// One request (a user message, greedy, 16 tokens) through the three clients of the engine: the
+// same answer from kiln generate, kiln chat (driven on stdin) and kiln serve (HTTP).
+TEST(CliGenerateBundled, GenerateChatAndServeAgree) {
+  const std::string model = bundled_model_dir(), message = "And God said";
+  const std::string options = " --device cpu --threads 1";
+  const auto generated = run_command(std::string(KILN_BINARY) + " generate " + model + " --prompt '" + message +
+                                         "' --max-tokens 16 --temp 0" + options,
+                                     false);
+  ASSERT_EQ(generated.exit_code, 0) << generated.output;
+  const auto chatted = run_command("printf '" + message + "\\n' | " + std::string(KILN_BINARY) + " chat " + model +
+                                       " --max-tokens 16 --temp 0" + options,
+                                   false);
+  ASSERT_EQ(chatted.exit_code, 0) << chatted.output;
+
+  BackgroundServer server(model, options + " --max-batch 1 --ctx 512");
+  ASSERT_FALSE(server.url().empty()) << "kiln serve did not start";
+  httplib::Client client(server.url());
+  client.set_read_timeout(60);
+  const nlohmann::json body = {
+      {"messages", {{{"role", "user"}, {"content", message}}}}, {"max_tokens", 16}, {"temperature", 0}};
+  const auto answer = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(answer) << "no answer";
+  ASSERT_EQ(answer->status, 200) << answer->body;
+  const auto reply = nlohmann::json::parse(answer->body);
+  std::string served = reply["choices"][0]["message"]["content"].get<std::string>();
+  ASSERT_FALSE(served.empty());
+  EXPECT_EQ(reply["usage"]["completion_tokens"].get<int>(), 16) << answer->body;
+  if (served.back() != '\n') served += '\n';  // the CLI ends the text's line
+  EXPECT_EQ(generated.output, served);
+  EXPECT_EQ(chatted.output, served);
 }
 
 }  // namespace

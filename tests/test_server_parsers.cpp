@@ -9,18 +9,19 @@
 #include <iterator>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/output_parser.h"
+#include "engine/text_generation.h"
 #include "io/synthetic.h"
 #include "models/model.h"
 #include "server/handlers.h"
-#include "server/output_parser.h"
 #include "server/request_fields.h"
 #include "server/service.h"
-#include "server/text_generation.h"
 #include "test_util.h"
 
 namespace kiln::server {
 namespace {
 
+using namespace kiln::engine;  // the output parser and text layer live in the engine
 using nlohmann::json;
 
 OutputFormat qwen_format(bool tools = true) {

@@ -1,14 +1,11 @@
 // kiln chat MODEL_DIR [--system TEXT] [sampling options]
-// An interactive chat in the terminal. The conversation's state stays on the device between
-// turns: each turn prefills only what follows the previous prompt (the last answer as the
-// template renders it, and the new message). Ctrl-C stops the current answer; Ctrl-D or /exit
-// ends the chat.
+// An interactive chat in the terminal, a client of the engine API. The conversation's state stays
+// on the device between turns (the scheduler's prefix cache): each turn prefills only what follows
+// the previous turn's messages (the last answer as the template renders it, and the new message).
+// Ctrl-C stops the current answer; Ctrl-D or /exit ends the chat.
 #include <fmt/format.h>
-#include <signal.h>
 
-#include <atomic>
-#include <chrono>
-#include <cstdio>
+#include <algorithm>
 #include <iostream>
 
 #include "cli/generation.h"
@@ -19,12 +16,6 @@ namespace kiln::cli {
 
 namespace {
 
-// The one piece of process-wide state: what SIGINT sets, read by the generation loop.
-std::atomic<bool> interrupted{false};
-extern "C" void on_sigint(int) {
-  interrupted.store(true);
-}
-
 struct ChatOptions {
   std::string model_dir;
   std::string system;
@@ -34,39 +25,43 @@ struct ChatOptions {
 };
 
 Status run_chat(const ChatOptions& o) {
-  KILN_ASSIGN(auto backend, make_backend(o.run));
-  const int64_t context = o.generation.context > 0 ? o.generation.context : 8192;
-  KILN_ASSIGN(auto session, TextSession::open(o.model_dir, *backend, context));
-  if (!session->chat_template()) return make_error("{} has no chat template", o.model_dir);
-  // what would fail every turn fails here, once: a system message that is not text, a template
-  // that does not render a conversation
   if (const size_t bad = tokenization::find_invalid_utf8(o.system); bad != tokenization::kNoPosition)
     return make_error("--system is not valid UTF-8 (byte {} of it)", bad);
+  // one conversation in a batch of one; the prefix cache keeps its state after each turn's
+  // messages (and a few snapshots besides), so each turn prefills only what follows
+  KILN_ASSIGN(auto engine, open_engine(o.model_dir, o.run, o.generation,
+                                       LoadOptions{.context = o.generation.context > 0 ? o.generation.context : 8192,
+                                                   .prompt_cache_snapshots = 4}));
+  const ModelSummary model = engine->summary();
+  if (!model.has_chat_template) return make_error("{} has no chat template", o.model_dir);
+  KILN_TRY(check_logit_bias(o.generation.requested(), model.vocab_size));
+  std::vector<Message> messages;
+  if (!o.system.empty()) messages.push_back({.role = "system", .content = o.system});
+  auto request = [&] {
+    return Request{.messages = messages,
+                   .enable_thinking = o.enable_thinking,
+                   .sampling = o.generation.requested(),
+                   .max_tokens = o.generation.max_tokens,
+                   .stop = o.generation.stops};
+  };
+  // what would fail every turn fails here, once: a template that does not render a conversation
   {
-    ChatRequest probe;
-    if (!o.system.empty()) probe.messages.push_back({{"role", "system"}, {"content", o.system}});
-    probe.messages.push_back({{"role", "user"}, {"content", "Hello"}});
-    probe.extra_variables["enable_thinking"] = o.enable_thinking;
-    if (auto text = session->chat_template()->render(probe); !text.ok())
-      return make_error("{}: the chat template does not render a conversation: {}", o.model_dir, text.error().message);
+    messages.push_back({.role = "user", .content = "Hello"});
+    auto probe = engine->prompt_ids(request());
+    messages.pop_back();
+    if (!probe.ok())
+      return make_error("{}: the chat template does not render a conversation: {}", o.model_dir, probe.error().message);
   }
 
-  struct sigaction action {};
-  action.sa_handler = on_sigint;  // no SA_RESTART: Ctrl-C at the prompt interrupts the read
-  sigaction(SIGINT, &action, nullptr);
-
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
-  std::unique_ptr<SequenceState> after_prompt;  // the state right after the last prompt
-  size_t prompt_length = 0;                     // tokens in it
+  catch_interrupts();
   fmt::print(stderr, "kiln chat: {} ({}). Ctrl-C stops an answer, Ctrl-D or /exit ends.\n", o.model_dir,
-             session->model().info().model_type);
+             model.model_type);
   for (;;) {
     fmt::print(stderr, "\n> ");
     std::string line;
-    interrupted.store(false);
+    interrupted().store(false);
     if (!std::getline(std::cin, line)) {
-      if (interrupted.load() && !std::cin.eof()) {
+      if (interrupted().load() && !std::cin.eof()) {
         std::cin.clear();
         continue;
       }
@@ -74,71 +69,26 @@ Status run_chat(const ChatOptions& o) {
     }
     if (line == "/exit") break;
     if (line.empty()) continue;
-    messages.push_back({{"role", "user"}, {"content", line}});
-    ChatRequest request;
-    request.messages = messages;
-    request.extra_variables["enable_thinking"] = o.enable_thinking;
-    auto text = session->chat_template()->render(request);
-    request.add_generation_prompt = false;
-    auto settled_text = session->chat_template()->render(request);  // the conversation without the reply header
-    auto tokens = text.ok() ? session->tokenizer().encode(*text) : Result<std::vector<int32_t>>(text.error());
-    if (!tokens.ok()) {
-      messages.erase(messages.size() - 1);
-      fmt::print(stderr, "kiln: error: {}\n", tokens.error().message);
+    messages.push_back({.role = "user", .content = line});
+    auto stream = engine->submit(request());
+    if (!stream.ok()) {
+      messages.pop_back();
+      fmt::print(stderr, "kiln: error: {}\n", one_line(stream.error().message));
       continue;
     }
-    // The settled part (every message so far) is what the next turn's prompt will start with:
-    // the state is kept right after it, and the next turn prefills only what follows.
-    size_t settled = tokens->size() - 1;
-    if (settled_text.ok()) {
-      auto settled_tokens = session->tokenizer().encode(*settled_text);
-      if (settled_tokens.ok() && settled_tokens->size() < tokens->size() &&
-          std::equal(settled_tokens->begin(), settled_tokens->end(), tokens->begin()))
-        settled = settled_tokens->size();
-    }
-    size_t reuse = 0;
-    const auto& history = session->history();
-    if (after_prompt && prompt_length <= settled &&
-        std::equal(history.begin(), history.begin() + prompt_length, tokens->begin())) {
-      session->restore(*after_prompt, prompt_length);
-      reuse = prompt_length;
-    } else {
-      session->reset();
-    }
-    std::vector<int32_t> head(tokens->begin() + reuse, tokens->begin() + settled);
-    std::vector<int32_t> tail(tokens->begin() + settled, tokens->end());
-    const auto prefill_start = std::chrono::steady_clock::now();
-    if (Status s = session->prefill(head); !s.ok()) {
-      messages.erase(messages.size() - 1);
-      fmt::print(stderr, "kiln: error: {}\n", s.error().message);
+    const Printed answer = print_stream(**stream);
+    if (answer.finish == Finish::error) {
+      messages.pop_back();
+      fmt::print(stderr, "kiln: error: {}\n", one_line(answer.error));
       continue;
     }
-    after_prompt = session->snapshot();
-    prompt_length = session->history().size();
-    const double head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
-    std::string answer;
-    interrupted.store(false);
-    auto stats = session->generate(
-        tail, o.generation,
-        [&](const std::string& piece) {
-          answer += piece;
-          std::fwrite(piece.data(), 1, piece.size(), stdout);
-          std::fflush(stdout);
-        },
-        &interrupted);
-    std::fputc('\n', stdout);
-    if (!stats.ok()) {
-      messages.erase(messages.size() - 1);
-      fmt::print(stderr, "kiln: error: {}\n", stats.error().message);
-      continue;
-    }
-    stats->prompt_tokens += int64_t(head.size());
-    stats->prompt_seconds += head_seconds;
-    messages.push_back({{"role", "assistant"}, {"content", answer}});
-    fmt::print(stderr, "[{} new prompt tokens at {:.1f} tok/s; {} generated at {:.1f} tok/s{}]\n", stats->prompt_tokens,
-               double(stats->prompt_tokens) / std::max(stats->prompt_seconds, 1e-9), stats->generated_tokens,
-               double(stats->generated_tokens) / std::max(stats->decode_seconds, 1e-9),
-               stats->finish_reason == "interrupted" ? ", stopped" : "");
+    messages.push_back({.role = "assistant", .content = answer.content, .reasoning = answer.reasoning});
+    const Usage& u = answer.usage;
+    const int64_t prefilled = u.prompt_tokens - u.cached_tokens;
+    fmt::print(stderr, "[{} new prompt tokens at {:.1f} tok/s; {} generated at {:.1f} tok/s{}]\n", prefilled,
+               double(prefilled) / std::max(u.prompt_seconds, 1e-9), u.completion_tokens,
+               double(u.completion_tokens) / std::max(u.decode_seconds, 1e-9),
+               answer.finish == Finish::cancelled ? ", stopped" : "");
   }
   return ok_status();
 }
@@ -158,7 +108,6 @@ void add_chat_command(CLI::App& app, Action& action, const Environment& env) {
     action = [options, &env]() -> Status {
       KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
       options->model_dir = model.dir;
-      KILN_TRY(apply_sampling_defaults(options->model_dir, options->generation));
       return run_chat(*options);
     };
   });

@@ -2,16 +2,16 @@
 //                         [--min-p M] [--seed S] [--stop S]... [--ids 1,2,3]
 // Streams the completion to stdout (the model's chat template applied unless --raw) and reports
 // prompt and decode speed on stderr. With --ids the prompt is token ids and the output is the
-// generated ids (a JSON array), which needs no tokenizer.
+// generated ids (a JSON array), which needs no tokenizer. A client of the engine API: one request
+// through the scheduler, with the server's stop strings, limits and output parsing; Ctrl-C stops it.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 
 #include "cli/generation.h"
 #include "cli/model_source.h"
-#include "runtime/decode_loop.h"
-#include "runtime/prefill.h"
 
 namespace kiln::cli {
 
@@ -42,64 +42,44 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text) {
   return ids;
 }
 
-// Greedy or sampled continuation of raw ids, printed as ids: for models without tokenizer files.
-Status generate_ids(const GenerateOptions& o, Backend& backend) {
-  KILN_ASSIGN(auto ids, parse_id_list(o.ids));
-  KILN_ASSIGN(auto model, load_model(o.model_dir, backend));
-  KILN_TRY(check_logit_bias(o.generation.sampling, model->info().vocab_size));
-  // the context as for text: --ctx or enough for the request, within the model's positions
-  const int64_t limit = model->info().max_position_embeddings;
-  int64_t context = o.generation.context > 0 ? o.generation.context : int64_t(ids.size()) + o.generation.max_tokens + 1;
-  if (limit > 0) context = std::min(context, limit);
-  if (int64_t(ids.size()) >= context)
-    return make_error("the prompt ({} tokens) and a token to generate do not fit the context of {} tokens", ids.size(),
-                      context);
-  KILN_ASSIGN(auto state, model->new_sequence(context));
-  Sampler sampler(o.generation.sampling);
-  std::vector<int32_t> history = ids, out;
-  KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, 0, LogitRows::last));  // on the host
-  KILN_ASSIGN(int32_t next, draw_next(*model, logits, sampler, history, /*check_finite=*/false, 1));
-  SequenceDecoder decoder(*model, *state, sampler);
-  for (int64_t i = 0; i < o.generation.max_tokens; ++i) {
-    out.push_back(next);
-    history.push_back(next);
-    if (i + 1 == o.generation.max_tokens || state->length() + 1 >= state->max_context()) break;
-    KILN_ASSIGN(next, decoder.next(next, history, /*check_finite=*/false, i + 2));
+// The prompt: token ids (--ids), the text as it is (--raw), or a user message in the chat template.
+Result<Request> make_request(const GenerateOptions& o) {
+  Request request{
+      .sampling = o.generation.requested(), .max_tokens = o.generation.max_tokens, .stop = o.generation.stops};
+  if (!o.ids.empty()) {
+    KILN_ASSIGN(request.ids, parse_id_list(o.ids));
+  } else if (o.prompt.empty()) {
+    return make_error("the prompt is empty");
+  } else if (o.raw) {
+    request.text = o.prompt;
+  } else {
+    request.messages = {Message{.role = "user", .content = o.prompt}};
   }
-  std::string json = "[";
-  for (size_t i = 0; i < out.size(); ++i) json += (i ? "," : "") + std::to_string(out[i]);
-  fmt::print("{}]\n", json);
-  return ok_status();
+  return request;
 }
 
 Status run_generate(const GenerateOptions& o) {
-  KILN_ASSIGN(auto backend, make_backend(o.run));
-  if (!o.ids.empty()) return generate_ids(o, *backend);
-  if (o.prompt.empty()) return make_error("the prompt is empty");
-
-  // the text (templated unless raw) and its tokens, before the model is loaded
-  KILN_ASSIGN(auto tokenizer, Tokenizer::load(o.model_dir));
-  std::string text = o.prompt;
-  bool add_special = true;
-  if (!o.raw) {
-    KILN_ASSIGN(ChatTemplate tmpl, ChatTemplate::load(o.model_dir));
-    ChatRequest request;
-    request.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", o.prompt}}});
-    KILN_ASSIGN(text, tmpl.render(request));
-    add_special = false;  // the template writes the special tokens itself
-  }
-  KILN_ASSIGN(auto prompt, tokenizer->encode(text, add_special));
-  const int64_t context =
-      o.generation.context > 0 ? o.generation.context : int64_t(prompt.size()) + o.generation.max_tokens + 1;
-  KILN_ASSIGN(auto session, TextSession::open(o.model_dir, *backend, context, tokenizer));
-  KILN_ASSIGN(GenerationStats stats, session->generate(prompt, o.generation, [](const std::string& piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  KILN_ASSIGN(Request request, make_request(o));
+  // a batch of one, its context --ctx or enough for the request
+  KILN_ASSIGN(auto engine, open_engine(o.model_dir, o.run, o.generation, LoadOptions{.context = o.generation.context}));
+  KILN_TRY(check_logit_bias(request.sampling, engine->summary().vocab_size));
+  KILN_ASSIGN(auto stream, engine->submit(request));
+  catch_interrupts();
+  // with --ids the output is the generated ids, which needs no tokenizer
+  const Printed out = print_stream(*stream, /*print=*/o.ids.empty());
+  if (out.finish == Finish::error) return make_error("{}", out.error);
+  if (!o.ids.empty()) {
+    std::string json = "[";
+    for (size_t i = 0; i < out.tokens.size(); ++i) json += (i ? "," : "") + std::to_string(out.tokens[i]);
+    fmt::print("{}]\n", json);
     std::fflush(stdout);
-  }));
-  std::fputc('\n', stdout);
-  fmt::print(stderr, "prompt: {} tokens, {:.1f} tok/s; generated: {} tokens, {:.1f} tok/s ({})\n", stats.prompt_tokens,
-             double(stats.prompt_tokens) / std::max(stats.prompt_seconds, 1e-9), stats.generated_tokens,
-             double(stats.generated_tokens) / std::max(stats.decode_seconds, 1e-9), stats.finish_reason);
+  }
+  const Usage& u = out.usage;
+  const int64_t prefilled = u.prompt_tokens - u.cached_tokens;
+  fmt::print(stderr, "prompt: {} tokens, {:.1f} tok/s; generated: {} tokens, {:.1f} tok/s ({})\n", prefilled,
+             double(prefilled) / std::max(u.prompt_seconds, 1e-9), u.completion_tokens,
+             double(u.completion_tokens) / std::max(u.decode_seconds, 1e-9),
+             out.finish == Finish::cancelled ? "interrupted" : finish_name(out.finish));
   return ok_status();
 }
 
@@ -119,7 +99,6 @@ void add_generate_command(CLI::App& app, Action& action, const Environment& env)
     action = [options, &env]() -> Status {
       KILN_ASSIGN(const ModelSource model, resolve_model(options->model_dir, env));
       options->model_dir = model.dir;
-      KILN_TRY(apply_sampling_defaults(options->model_dir, options->generation));
       return run_generate(*options);
     };
   });

@@ -16,9 +16,7 @@
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "cli/validators.h"
-#include "models/model.h"
-#include "runtime/sampling_defaults.h"
-#include "runtime/scheduler.h"
+#include "engine/engine_internal.h"
 #include "server/server.h"
 
 namespace kiln::cli {
@@ -65,31 +63,31 @@ Status serve(ServeOptions o, const Environment& env) {
   sigaction(SIGTERM, &action, nullptr);
 
   KILN_ASSIGN(auto backend, make_backend(o.run));
-  server::ServedModel served;
-  auto tokenizer = Tokenizer::load(model_dir);
-  if (tokenizer.ok()) {
-    served.tokenizer = std::move(tokenizer).value();
-    auto tmpl = ChatTemplate::load(model_dir);
-    if (tmpl.ok())
-      served.chat_template = std::move(tmpl).value();
-    else
-      spdlog::warn("no chat template ({}): /v1/chat/completions and /v1/messages are unavailable",
-                   tmpl.error().message);
-  } else {
-    spdlog::warn("no tokenizer ({}): prompts must be token ids", tokenizer.error().message);
-  }
-  if (o.generation_config == "auto") {
-    KILN_ASSIGN(const SamplingDefaults defaults, load_sampling_defaults(model_dir));
-    defaults.apply(served.sampling);
-    if (!defaults.empty())
-      spdlog::info(
-          "sampling defaults from generation_config.json: {} (a request's own settings win; "
-          "--generation-config none ignores them)",
-          defaults.describe());
-  }
-  KILN_ASSIGN(auto model, load_model(model_dir, *backend));
-  KILN_ASSIGN(auto scheduler, Scheduler::create(*model, o.scheduler));
-  served.scheduler = scheduler.get();
+  const std::string backend_name = backend->name();
+  KILN_ASSIGN(auto engine, engine::load_engine(model_dir,
+                                               LoadOptions{.context = o.scheduler.context,
+                                                           .max_batch = o.scheduler.max_batch,
+                                                           .prefill_chunk = o.scheduler.prefill_chunk,
+                                                           .prompt_cache_bytes = o.scheduler.prompt_cache_bytes,
+                                                           .use_generation_config = o.generation_config == "auto",
+                                                           .batch_invariant = o.scheduler.batch_invariant},
+                                               std::move(backend)));
+  Engine::Impl& loaded = engine->impl();
+  if (!loaded.tokenizer)
+    spdlog::warn("no tokenizer ({}): prompts must be token ids", loaded.tokenizer_error);
+  else if (!loaded.chat_template)
+    spdlog::warn("no chat template ({}): /v1/chat/completions and /v1/messages are unavailable",
+                 loaded.chat_template_error);
+  if (const std::string defaults = engine->sampling_defaults({}); !defaults.empty())
+    spdlog::info(
+        "sampling defaults from generation_config.json: {} (a request's own settings win; "
+        "--generation-config none ignores them)",
+        defaults);
+  Scheduler* scheduler = loaded.scheduler.get();
+  server::ServedModel served{.scheduler = scheduler,
+                             .tokenizer = loaded.tokenizer,
+                             .chat_template = loaded.chat_template,
+                             .sampling = engine::sampling_params({}, loaded.defaults)};
   // as vLLM names it: --served-model-name, else the repository id, else the directory's name
   served.name = !o.served_name.empty()    ? o.served_name
                 : !source.repo_id.empty() ? source.repo_id
@@ -100,7 +98,7 @@ Status serve(ServeOptions o, const Environment& env) {
   fmt::print("kiln: listening on http://{}:{} (model {}, batch {}, context {}, {}, {})\n", o.http.host, port,
              source.repo_id.empty() ? std::filesystem::path(model_dir).filename().string() : source.repo_id,
              scheduler->options().max_batch, scheduler->options().context,
-             scheduler->options().batch_invariant ? "batch-invariant" : "batched rows", backend->name());
+             scheduler->options().batch_invariant ? "batch-invariant" : "batched rows", backend_name);
   std::fflush(stdout);
 
   std::thread waiter([&] {
@@ -121,7 +119,7 @@ Status serve(ServeOptions o, const Environment& env) {
   if (!status) on_stop_signal(0);
   waiter.join();
   KILN_TRY(status);
-  return backend->status();
+  return loaded.backend->status();
 }
 
 }  // namespace

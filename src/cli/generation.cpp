@@ -1,15 +1,13 @@
 #include "cli/generation.h"
 
-#include <algorithm>
+#include <signal.h>
+
 #include <charconv>
-#include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "cli/validators.h"
-#include "runtime/decode_loop.h"
-#include "runtime/prefill.h"
-#include "runtime/sampling_defaults.h"
-#include "runtime/stop_strings.h"
+#include "engine/engine_internal.h"
 #include "text/tokenizer/unicode.h"
 
 namespace kiln::cli {
@@ -80,131 +78,91 @@ void add_sampling_options(CLI::App& cmd, GenerationOptions& o) {
       ->check(non_negative_number());
 }
 
-Status apply_sampling_defaults(const std::string& model_dir, GenerationOptions& o) {
-  if (o.generation_config != "auto") return ok_status();
-  KILN_ASSIGN(SamplingDefaults defaults, load_sampling_defaults(model_dir));
+Sampling GenerationOptions::requested() const {
   auto given = [](const CLI::Option* option) { return option && option->count() > 0; };
-  if (given(o.given.temperature)) defaults.temperature.reset();
-  if (given(o.given.top_k)) defaults.top_k.reset();
-  if (given(o.given.top_p)) defaults.top_p.reset();
-  if (given(o.given.min_p)) defaults.min_p.reset();
-  if (given(o.given.repetition_penalty)) defaults.repetition_penalty.reset();
-  if (defaults.empty()) return ok_status();
-  defaults.apply(o.sampling);
-  fmt::print(stderr, "sampling defaults from generation_config.json: {} (--generation-config none ignores them)\n",
-             defaults.describe());
+  Sampling s{.presence_penalty = sampling.presence_penalty,
+             .frequency_penalty = sampling.frequency_penalty,
+             .logit_bias = sampling.logit_bias,
+             .seed = sampling.seed};
+  if (given(this->given.temperature)) s.temperature = sampling.temperature;
+  if (given(this->given.top_k)) s.top_k = sampling.top_k;
+  if (given(this->given.top_p)) s.top_p = sampling.top_p;
+  if (given(this->given.min_p)) s.min_p = sampling.min_p;
+  if (given(this->given.repetition_penalty)) s.repetition_penalty = sampling.repetition_penalty;
+  return s;
+}
+
+Result<std::unique_ptr<Engine>> open_engine(const std::string& model_dir, const RunOptions& run,
+                                            const GenerationOptions& generation, LoadOptions load) {
+  KILN_ASSIGN(auto backend, make_backend(run));
+  load.use_generation_config = generation.generation_config == "auto";
+  KILN_ASSIGN(auto engine, engine::load_engine(model_dir, load, std::move(backend)));
+  if (const std::string defaults = engine->sampling_defaults(generation.requested()); !defaults.empty())
+    fmt::print(stderr, "sampling defaults from generation_config.json: {} (--generation-config none ignores them)\n",
+               defaults);
+  return engine;
+}
+
+Status check_logit_bias(const Sampling& sampling, int64_t vocab_size) {
+  for (const auto& [id, bias] : sampling.logit_bias)
+    if (id >= vocab_size)
+      return make_error("--logit-bias: token {} is outside the vocabulary of {} tokens", id, vocab_size);
   return ok_status();
 }
 
-Status check_logit_bias(const SamplingParams& sampling, int64_t vocab_size) {
-  if (auto id = biased_token_outside(sampling, vocab_size))
-    return make_error("--logit-bias: token {} is outside the vocabulary of {} tokens", *id, vocab_size);
-  return ok_status();
+namespace {
+
+// The one piece of process-wide state: what SIGINT sets, read while a request streams.
+std::atomic<bool> interrupt_flag{false};
+extern "C" void on_sigint(int) {
+  interrupt_flag.store(true);
 }
 
-Result<std::unique_ptr<TextSession>> TextSession::open(const std::string& model_dir, Backend& backend, int64_t context,
-                                                       std::shared_ptr<const Tokenizer> tokenizer) {
-  auto session = std::make_unique<TextSession>();
-  if (tokenizer) {
-    session->tokenizer_ = std::move(tokenizer);
-  } else {
-    KILN_ASSIGN(session->tokenizer_, Tokenizer::load(model_dir));
+}  // namespace
+
+void catch_interrupts() {
+  struct sigaction action {};
+  action.sa_handler = on_sigint;  // no SA_RESTART: Ctrl-C at chat's prompt interrupts the read
+  sigaction(SIGINT, &action, nullptr);
+}
+
+std::atomic<bool>& interrupted() {
+  return interrupt_flag;
+}
+
+Printed print_stream(Stream& stream, bool print) {
+  Printed out;
+  char last = '\n';  // the last character printed
+  auto show = [&](const std::string& text) {
+    if (!print || text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    last = text.back();
+  };
+  Event event;
+  bool cancelled = false;
+  while (stream.next(event)) {
+    if (interrupted().load() && !cancelled) {
+      stream.cancel();
+      cancelled = true;
+    }
+    out.tokens.insert(out.tokens.end(), event.tokens.begin(), event.tokens.end());
+    show(event.reasoning);
+    out.reasoning += event.reasoning;
+    // the answer apart from the reasoning before it
+    if (!event.content.empty() && out.content.empty() && !out.reasoning.empty()) show("\n\n");
+    show(event.content);
+    out.content += event.content;
+    for (const ToolCall& call : event.tool_calls) show(fmt::format("[tool call] {}({})\n", call.name, call.arguments));
+    if (event.finish != Finish::none) {
+      out.finish = event.finish;
+      out.error = event.error;
+      out.usage = event.usage;
+    }
   }
-  auto tmpl = ChatTemplate::load(model_dir);
-  if (tmpl.ok()) session->chat_template_ = std::move(tmpl).value();
-  KILN_ASSIGN(session->model_, load_model(model_dir, backend));
-  const int64_t limit = session->model_->info().max_position_embeddings;
-  KILN_ASSIGN(session->state_, session->model_->new_sequence(std::min(context, limit > 0 ? limit : context)));
-  return session;
-}
-
-std::unique_ptr<SequenceState> TextSession::snapshot() {
-  return state_->clone(model_->backend());
-}
-
-Status TextSession::prefill(const std::vector<int32_t>& tokens) {
-  if (tokens.empty()) return ok_status();
-  if (state_->length() + int64_t(tokens.size()) >= state_->max_context())
-    return make_error("the conversation ({} tokens) and a token to generate do not fit the context of {} tokens",
-                      state_->length() + int64_t(tokens.size()), state_->max_context());
-  KILN_TRY(run_tokens(*model_, *state_, tokens, 0, LogitRows::last));
-  history_.insert(history_.end(), tokens.begin(), tokens.end());
-  return ok_status();
-}
-
-void TextSession::reset() {
-  state_->reset(model_->backend());
-  history_.clear();
-}
-
-void TextSession::restore(const SequenceState& snapshot, size_t history_length) {
-  state_->restore(model_->backend(), snapshot);
-  history_.resize(history_length);
-}
-
-Result<GenerationStats> TextSession::generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
-                                              const std::function<void(const std::string&)>& emit,
-                                              const std::atomic<bool>* stop, const std::function<void()>& prefilled) {
-  if (prompt.empty()) return make_error("the prompt is empty");
-  if (state_->length() + int64_t(prompt.size()) >= state_->max_context())
-    return make_error(
-        "the prompt ({} tokens, {} already in context) and a token to generate do not fit the context of {} tokens",
-        prompt.size(), state_->length(), state_->max_context());
-  GenerationStats stats;
-  stats.prompt_tokens = int64_t(prompt.size());
-  const int64_t vocab = model_->info().vocab_size;
-  KILN_TRY(check_logit_bias(options.sampling, vocab));
-  const auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN(Tensor logits, run_tokens(*model_, *state_, prompt, 0, LogitRows::last));
-  history_.insert(history_.end(), prompt.begin(), prompt.end());
-  if (prefilled) prefilled();
-  const auto t1 = std::chrono::steady_clock::now();
-  stats.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
-
-  const auto eos = tokenizer_->eos_ids();
-  Sampler sampler(options.sampling);
-  IncrementalDecoder decoder(tokenizer_, /*skip_special_tokens=*/true);
-  StopMatcher stops(options.stops);
-  stats.finish_reason = "length";
-  // the first token from the prompt's logits, each next one as its predecessor runs through the state
-  KILN_ASSIGN(int32_t next, draw_next(*model_, logits, sampler, history_, /*check_finite=*/true, 1));
-  SequenceDecoder decode(*model_, *state_, sampler);
-  for (int64_t i = 0; i < options.max_tokens; ++i) {
-    if (stop && stop->load()) {
-      stats.finish_reason = "interrupted";
-      break;
-    }
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
-      stats.finish_reason = "stop";
-      break;
-    }
-    ++stats.generated_tokens;
-    const std::string shown = stops.push(decoder.push(next));
-    if (!shown.empty()) emit(shown);
-    if (stops.stopped()) {
-      stats.finish_reason = "stop";
-      history_.push_back(next);
-      break;
-    }
-    if (state_->length() + 1 >= state_->max_context()) {
-      history_.push_back(next);
-      break;
-    }
-    history_.push_back(next);
-    if (i + 1 == options.max_tokens) {
-      KILN_TRY(decode.feed(next));
-      break;
-    }
-    KILN_ASSIGN(next, decode.next(next, history_, /*check_finite=*/true, i + 2));
-  }
-  if (!stops.stopped()) {
-    const std::string rest = stops.push(decoder.flush());
-    if (!rest.empty()) emit(rest);
-    const std::string held = stops.flush();
-    if (!held.empty()) emit(held);
-  }
-  stats.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  return stats;
+  if (print && last != '\n') show("\n");
+  std::fflush(stdout);
+  return out;
 }
 
 }  // namespace kiln::cli

@@ -235,7 +235,11 @@ Status Scheduler::step() {
     // is computed the same way whatever else runs
     int64_t n = invariant ? std::min(remaining, options_.prefill_chunk - slot->prefilled % options_.prefill_chunk)
                           : std::min(remaining, budget);
-    if (cache_.budget_bytes() > 0) n = std::min(n, options_.cache_block - slot->prefilled % options_.cache_block);
+    if (cache_.budget_bytes() > 0) {
+      n = std::min(n, options_.cache_block - slot->prefilled % options_.cache_block);
+      if (const int64_t keep = slot->params.keep_prefix; keep > slot->prefilled)
+        n = std::min(n, keep - slot->prefilled);
+    }
     if (invariant && !groups.back().batch.empty()) groups.emplace_back();
     groups.back().batch.push_back(
         SeqChunk{.state = slot->state.get(),
@@ -370,7 +374,7 @@ Status Scheduler::collect(const Launched& launched) {
       s.prefilled += int64_t(batch[i].tokens.size());
       prefilled += int64_t(batch[i].tokens.size());
       const auto prompt = std::span<const int32_t>(s.params.prompt).first(size_t(s.prefilled));
-      const bool boundary = s.prefilled % options_.cache_block == 0;
+      const bool boundary = s.prefilled % options_.cache_block == 0 || s.prefilled == s.params.keep_prefix;
       if (s.prefilling()) {
         if (boundary) cache_.insert(prompt, *s.state, model_.backend());
         continue;

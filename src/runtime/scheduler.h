@@ -54,6 +54,9 @@ struct GenerationParams {
   std::vector<int32_t> stop_ids;  // end-of-sequence tokens (not emitted)
   int logprobs = -1;              // -1: none; else each token's log-probability and this many alternatives
   ForcedTokens forced;            // tokens emitted in place of sampled ones (none when empty)
+  // With a prefix cache: the state after this many prompt tokens is kept too (a conversation up to
+  // the new turn's header, which the next turn's prompt starts with). 0: none.
+  int64_t keep_prefix = 0;
 };
 
 enum class FinishReason { running, stop, length, cancelled, error };

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/json_text.h"
+
 namespace kiln::server {
 
 struct ApiError {
@@ -21,20 +23,10 @@ struct ApiError {
   std::string code;   // e.g. "model_not_found", "context_length_exceeded"
 };
 
-// Request bodies, and JSON texts inside them (tool call arguments), nest at most this deep:
-// deeper ones are refused before they are parsed, so that nothing walks them recursively.
-constexpr int kMaxNesting = 64;
-
-// The deepest nesting of arrays and objects in a JSON text (strings skipped), found without
-// recursion.
-int nesting_depth(std::string_view text);
-
-// j[key] when j is an object holding a string there, else "" (never throws).
-inline std::string string_field(const nlohmann::json& j, const char* key) {
-  if (!j.is_object()) return "";
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
+// Request bodies nest at most kMaxNesting deep, as tool call arguments do (engine/json_text.h).
+using engine::kMaxNesting;
+using engine::nesting_depth;
+using engine::string_field;
 
 class RequestFields {
  public:

@@ -42,12 +42,7 @@ std::variant<std::string, ApiError> content_text(const json& content, size_t ind
 }  // namespace
 
 Service::Service(ServedModel model) : model_(std::move(model)) {
-  if (model_.tokenizer) {
-    const Tokenizer& t = *model_.tokenizer;
-    format_ = OutputFormat::for_vocabulary([&](const std::string& token) { return t.token_to_id(token).has_value(); });
-    if (format_.tools == ToolFormat::qwen_xml && model_.chat_template)
-      read_qwen_call_body(*model_.chat_template, format_);
-  }
+  format_ = engine::output_format(model_.tokenizer.get(), model_.chat_template ? &*model_.chat_template : nullptr);
 }
 
 void Service::stream_opened() {
@@ -189,15 +184,9 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
   if (auto e = too_long_to_encode(rendered->size(), "messages")) return *e;
   auto ids = model_.tokenizer->encode(*rendered, /*add_special_tokens=*/false);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
-  Prompt prompt{.ids = std::move(ids).value(), .format = format_, .continues_answer = !prefill.empty()};
-  if (!request.tools) prompt.format.call_open = prompt.format.call_close = "";
-  if (request.tools) prompt.format.tool_schemas = *tools;
-  std::string tail = *rendered;
-  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
-  const std::string& open = prompt.format.think_open;
-  prompt.format.starts_in_reasoning =
-      !open.empty() && tail.size() >= open.size() && tail.compare(tail.size() - open.size(), open.size(), open) == 0;
-  return prompt;
+  return Prompt{.ids = std::move(ids).value(),
+                .format = engine::chat_output_format(format_, *rendered, request.tools ? tools : nullptr),
+                .continues_answer = !prefill.empty()};
 }
 
 std::optional<ApiError> Service::too_long_to_encode(size_t text_bytes, const char* param) const {

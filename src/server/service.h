@@ -14,14 +14,22 @@
 #include <variant>
 #include <vector>
 
+#include "engine/output_parser.h"
+#include "engine/text_generation.h"
 #include "runtime/scheduler.h"
-#include "server/output_parser.h"
 #include "server/request_fields.h"
-#include "server/text_generation.h"
 #include "text/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace kiln::server {
+
+// The text layer under the endpoints (detokenizing, stop strings, reasoning and tool calls).
+using engine::OutputDelta;
+using engine::OutputFormat;
+using engine::TextGeneration;
+using engine::TextGenerationOptions;
+using engine::ToolCall;
+using engine::ToolFormat;
 
 struct ServedModel {
   Scheduler* scheduler = nullptr;

@@ -1,6 +1,26 @@
-#include "server/text_generation.h"
+#include "engine/text_generation.h"
 
-namespace kiln::server {
+namespace kiln::engine {
+
+OutputFormat output_format(const Tokenizer* tokenizer, const ChatTemplate* chat_template) {
+  if (!tokenizer) return {};
+  OutputFormat format =
+      OutputFormat::for_vocabulary([&](const std::string& token) { return tokenizer->token_to_id(token).has_value(); });
+  if (format.tools == ToolFormat::qwen_xml && chat_template) read_qwen_call_body(*chat_template, format);
+  return format;
+}
+
+OutputFormat chat_output_format(OutputFormat format, const std::string& rendered_prompt, const nlohmann::json* tools) {
+  if (tools)
+    format.tool_schemas = *tools;
+  else
+    format.call_open = format.call_close = "";
+  std::string_view tail = rendered_prompt;
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.remove_suffix(1);
+  const std::string& open = format.think_open;
+  format.starts_in_reasoning = !open.empty() && tail.ends_with(open);
+  return format;
+}
 
 TokenText::TokenText(std::shared_ptr<const Tokenizer> tokenizer, const std::vector<std::string>& kept_markers)
     : tokenizer_(tokenizer), decoder_(tokenizer, /*skip_special_tokens=*/false) {
@@ -92,4 +112,4 @@ std::string TextGeneration::finish_reason() const {
   return finish_reason_name(reason_);
 }
 
-}  // namespace kiln::server
+}  // namespace kiln::engine

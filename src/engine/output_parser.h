@@ -19,7 +19,7 @@
 #include "core/status.h"
 #include "text/chat_template.h"
 
-namespace kiln::server {
+namespace kiln::engine {
 
 enum class ToolFormat { none, qwen_xml, hermes_json, gemma };
 
@@ -87,4 +87,4 @@ class OutputParser {
 // The body of one tool call (between its markers) as a name and JSON arguments.
 Result<ToolCall> parse_tool_call(ToolFormat format, const std::string& body, const nlohmann::json& tool_schemas);
 
-}  // namespace kiln::server
+}  // namespace kiln::engine

@@ -1,13 +1,13 @@
-#include "server/output_parser.h"
+#include "engine/output_parser.h"
 
-#include "server/request_fields.h"
+#include "engine/json_text.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <string_view>
 
-namespace kiln::server {
+namespace kiln::engine {
 
 using nlohmann::json;
 
@@ -386,4 +386,4 @@ void OutputParser::scan(OutputDelta& out, bool final) {
   }
 }
 
-}  // namespace kiln::server
+}  // namespace kiln::engine

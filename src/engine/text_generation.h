@@ -1,6 +1,6 @@
 // One request's generation as text: the scheduler's tokens detokenized, cut at stop strings and
-// split into reasoning, answer and tool calls. Protocol handlers (OpenAI, Anthropic) read deltas
-// from it and format them.
+// split into reasoning, answer and tool calls. The engine's streams and the server's protocol
+// handlers (OpenAI, Anthropic) read deltas from it and format them.
 #pragma once
 
 #include <chrono>
@@ -9,12 +9,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "engine/output_parser.h"
 #include "runtime/scheduler.h"
 #include "runtime/stop_strings.h"
-#include "server/output_parser.h"
 #include "text/tokenizer/tokenizer.h"
 
-namespace kiln::server {
+namespace kiln::engine {
 
 // Detokenization that keeps the special tokens an output parser needs (other special tokens are
 // skipped, as HF's skip_special_tokens does).
@@ -30,9 +30,20 @@ class TokenText {
   std::unordered_set<int32_t> kept_;
 };
 
+// How a model writes reasoning and tool calls, read from its vocabulary (each family's markup
+// tokens are in it) and, for Qwen's call bodies, its chat template. Plain text (everything is
+// content) without a tokenizer. The one place the output format is chosen.
+OutputFormat output_format(const Tokenizer* tokenizer, const ChatTemplate* chat_template);
+
+// The format a chat request's output is read in: the model's, without tool calls when the request
+// offers no tools (`tools`: its JSON array, or null), and starting inside the reasoning when the
+// rendered prompt ends by opening it.
+OutputFormat chat_output_format(OutputFormat model_format, const std::string& rendered_prompt,
+                                const nlohmann::json* tools);
+
 struct TextGenerationOptions {
   std::vector<std::string> stops;
-  OutputFormat format;  // tools == none and no think markers: everything is content
+  OutputFormat format;         // tools == none and no think markers: everything is content
   bool one_tool_call = false;  // the generation ends once a tool call is complete
 };
 
@@ -77,4 +88,4 @@ class TextGeneration {
   bool one_tool_call_ = false;
 };
 
-}  // namespace kiln::server
+}  // namespace kiln::engine

@@ -193,8 +193,9 @@ Result<std::unique_ptr<Engine>> engine::load_engine(const std::string& model_dir
   if (options.use_generation_config) {
     KILN_ASSIGN(impl->defaults, load_sampling_defaults(model_dir));
   }
-  impl->format = output_format(impl->tokenizer.get(), impl->chat_template ? &*impl->chat_template : nullptr);
   KILN_ASSIGN(impl->model, load_model(model_dir, *impl->backend));
+  impl->format = output_format(impl->model->info().family, impl->tokenizer.get(),
+                               impl->chat_template ? &*impl->chat_template : nullptr);
   if (options.context > 0) KILN_TRY(impl->scheduler_for(options.context));
   return std::make_unique<Engine>(std::move(impl));
 }

@@ -236,6 +236,44 @@ OutputFormat OutputFormat::for_vocabulary(const std::function<bool(const std::st
   return f;
 }
 
+OutputFormat OutputFormat::for_markup(const ChatMarkup& markup,
+                                      const std::function<bool(const std::string&)>& has_token) {
+  // a marker is in the vocabulary as a token of its own, or as one of the family's kept tokens
+  // followed by text (Gemma 4's "<|channel>thought")
+  auto known = [&](const std::string& marker) {
+    if (marker.empty()) return false;
+    if (has_token(marker)) return true;
+    for (const auto& token : markup.kept_tokens)
+      if (marker.rfind(token, 0) == 0 && has_token(token)) return true;
+    return false;
+  };
+  OutputFormat f;
+  if (known(markup.think_open) && known(markup.think_close)) {
+    f.think_open = markup.think_open;
+    f.think_close = markup.think_close;
+  }
+  if (markup.tool_calls != ToolCallSyntax::none && known(markup.call_open) && known(markup.call_close)) {
+    f.call_open = markup.call_open;
+    f.call_close = markup.call_close;
+    switch (markup.tool_calls) {
+      case ToolCallSyntax::qwen_xml:
+        f.tools = ToolFormat::qwen_xml;
+        break;
+      case ToolCallSyntax::hermes_json:
+        f.tools = ToolFormat::hermes_json;
+        break;
+      case ToolCallSyntax::gemma:
+        f.tools = ToolFormat::gemma;
+        break;
+      case ToolCallSyntax::none:
+        break;
+    }
+  } else if (markup.tool_calls == ToolCallSyntax::gemma && !f.think_open.empty()) {
+    f.tools = ToolFormat::gemma;  // the reasoning markup alone still wants Gemma's kept tokens
+  }
+  return f;
+}
+
 std::vector<std::string> OutputFormat::markers() const {
   std::vector<std::string> out;
   for (const std::string* m : {&think_open, &think_close, &call_open, &call_close})

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "models/family.h"
 #include "text/chat_template.h"
 
 namespace kiln::engine {
@@ -37,6 +38,9 @@ struct OutputFormat {
   // The format of a model whose vocabulary holds the tokens `has_token` accepts (each family's
   // markup tokens are in its vocabulary; Qwen's XML and JSON calls are told apart by their body).
   static OutputFormat for_vocabulary(const std::function<bool(const std::string&)>& has_token);
+  // The format a model family's chat markup describes (its descriptor's ChatMarkup), keeping the
+  // reasoning and the tool-call marker pairs whose tokens the model's vocabulary holds.
+  static OutputFormat for_markup(const ChatMarkup& markup, const std::function<bool(const std::string&)>& has_token);
   // Special tokens the parser needs to see in the decoded text (decoding skips other specials).
   std::vector<std::string> markers() const;
   // How a tool call opens, as the model writes it: the call marker, then, when a function is given,

@@ -2,10 +2,11 @@
 
 namespace kiln::engine {
 
-OutputFormat output_format(const Tokenizer* tokenizer, const ChatTemplate* chat_template) {
+OutputFormat output_format(const std::string& family, const Tokenizer* tokenizer, const ChatTemplate* chat_template) {
   if (!tokenizer) return {};
-  OutputFormat format =
-      OutputFormat::for_vocabulary([&](const std::string& token) { return tokenizer->token_to_id(token).has_value(); });
+  auto has_token = [&](const std::string& token) { return tokenizer->token_to_id(token).has_value(); };
+  const ModelFamily* f = family_named(family);
+  OutputFormat format = f ? OutputFormat::for_markup(f->chat, has_token) : OutputFormat::for_vocabulary(has_token);
   if (format.tools == ToolFormat::qwen_xml && chat_template) read_qwen_call_body(*chat_template, format);
   return format;
 }

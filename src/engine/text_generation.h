@@ -33,7 +33,9 @@ class TokenText {
 // How a model writes reasoning and tool calls, read from its vocabulary (each family's markup
 // tokens are in it) and, for Qwen's call bodies, its chat template. Plain text (everything is
 // content) without a tokenizer. The one place the output format is chosen.
-OutputFormat output_format(const Tokenizer* tokenizer, const ChatTemplate* chat_template);
+// The output format of a model of `family` (its descriptor's chat markup, as far as the vocabulary
+// holds it; a family kiln does not know: what the vocabulary shows).
+OutputFormat output_format(const std::string& family, const Tokenizer* tokenizer, const ChatTemplate* chat_template);
 
 // The format a chat request's output is read in: the model's, without tool calls when the request
 // offers no tools (`tools`: its JSON array, or null), and starting inside the reasoning when the

@@ -42,7 +42,8 @@ std::variant<std::string, ApiError> content_text(const json& content, size_t ind
 }  // namespace
 
 Service::Service(ServedModel model) : model_(std::move(model)) {
-  format_ = engine::output_format(model_.tokenizer.get(), model_.chat_template ? &*model_.chat_template : nullptr);
+  format_ = engine::output_format(model_.scheduler ? model_.scheduler->model().info().family : std::string(),
+                                  model_.tokenizer.get(), model_.chat_template ? &*model_.chat_template : nullptr);
 }
 
 void Service::stream_opened() {

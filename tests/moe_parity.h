@@ -4,7 +4,8 @@
 // dense fixtures' tolerance must be explained by such a tie: at that position some layer's bf16
 // choice of experts differs from the f32 one, and there the f32 margin between its k-th and
 // (k+1)-th router logit is within bf16 resolution (kTieUlps bf16 ulps, 2^-8 each, of the row's
-// largest router logit). Anything else is a real error. Used by the CPU suite (bf16 emulation) and
+// largest router logit: on the CPU's bf16 emulation, rounding alone flips choices at margins of up
+// to 6.4 ulps, see docs/correctness.md). Anything else is a real error. Used by the CPU suite (bf16 emulation) and
 // the GPU suite (the CUDA backend).
 #pragma once
 
@@ -26,7 +27,7 @@
 namespace kiln::test {
 
 constexpr double kTolerance = 2e-2;  // of max |reference logit|, as the dense fixtures' GPU test
-constexpr double kTieUlps = 4.0;     // a margin within this many bf16 ulps (2^-8) of the largest logit
+constexpr double kTieUlps = 8.0;     // a margin within this many bf16 ulps (2^-8) of the largest logit
 
 struct MoeRun {
   std::vector<float> logits;
@@ -34,8 +35,8 @@ struct MoeRun {
   ActivationRecorder dump;
 };
 
-inline void moe_run(Backend& backend, const std::string& fixture, const std::vector<int32_t>& ids, MoeRun& out) {
-  auto model = load_model(fixture_path(fixture), backend, ModelOptions{.max_chunk_tokens = int64_t(ids.size())});
+inline void moe_run(Backend& backend, const std::string& dir, const std::vector<int32_t>& ids, MoeRun& out) {
+  auto model = load_model(dir, backend, ModelOptions{.max_chunk_tokens = int64_t(ids.size())});
   ASSERT_TRUE(model.ok()) << model.error().message;
   (*model)->set_activation_dump(&out.dump);
   auto state = (*model)->new_sequence(int64_t(ids.size()));
@@ -56,10 +57,13 @@ inline std::pair<std::set<int>, double> top_k(const float* row, int64_t experts,
   return {chosen, margin};
 }
 
-// Runs `fixture` on `reference` (f32) and `candidate` (bf16), and fails the test for every position
-// outside the tolerance that no expert-choice tie explains.
-inline void expect_deviations_are_expert_ties(Backend& reference, Backend& candidate, const std::string& fixture) {
-  const auto config = read_json(fixture_path(fixture) + "/config.json");
+// Runs the fixture `fixture` (or the checkpoint in `dir`, with the fixture's ids) on `reference`
+// (f32) and `candidate` (bf16), and fails the test for every position outside the tolerance that no
+// expert-choice tie explains.
+inline void expect_deviations_are_expert_ties(Backend& reference, Backend& candidate, const std::string& fixture,
+                                              std::string dir = "") {
+  if (dir.empty()) dir = fixture_path(fixture);
+  const auto config = read_json(dir + "/config.json");
   const auto& text = config.contains("text_config") ? config["text_config"] : config;
   const char* key = text.contains("num_experts_per_tok") ? "num_experts_per_tok" : "top_k_experts";
   const int k = text.contains(key) && text[key].is_number_integer() ? text[key].get<int>() : 0;
@@ -68,8 +72,8 @@ inline void expect_deviations_are_expert_ties(Backend& reference, Backend& candi
   const int64_t n = int64_t(ids.size());
 
   MoeRun want, got;
-  moe_run(reference, fixture, ids, want);
-  moe_run(candidate, fixture, ids, got);
+  moe_run(reference, dir, ids, want);
+  moe_run(candidate, dir, ids, got);
   ASSERT_EQ(want.logits.size(), got.logits.size());
   const int64_t vocab = want.vocab;
   const auto c = compare_logits(got.logits.data(), want.logits.data(), n, vocab);
@@ -111,11 +115,30 @@ inline void expect_deviations_are_expert_ties(Backend& reference, Backend& candi
                     << diff / c.max_abs_reference << " of max |logit| without an expert-choice tie;" << where;
     }
   }
+  // every flip anywhere, for the record: how wide a margin bf16 rounding flips
+  int64_t all_flips = 0;
+  double widest_flip = 0;
+  for (int layer = 0;; ++layer) {
+    const auto* w = want.dump.find(fmt::format("layers.{}.router_logits", layer));
+    const auto* g = got.dump.find(fmt::format("layers.{}.router_logits", layer));
+    if (!w || !g) break;
+    const int64_t experts = w->row_shape.empty() ? 1 : w->row_shape[0];
+    for (int64_t r = 0; r < n; ++r) {
+      const float* wr = w->data.data() + r * experts;
+      auto [cpu_choice, margin] = top_k(wr, experts, k);
+      if (cpu_choice == top_k(g->data.data() + r * experts, experts, k).first) continue;
+      ++all_flips;
+      double largest = 1e-30;
+      for (int64_t e = 0; e < experts; ++e) largest = std::max(largest, double(std::fabs(wr[e])));
+      widest_flip = std::max(widest_flip, margin / largest);
+    }
+  }
   std::printf(
-      "%s: max |diff| %.3g of max |logit|, argmax agreement %.3f, %lld of %lld positions outside %.0e, "
-      "%lld expert-choice flips at them, largest tie margin %.3g of the row's largest router logit\n",
-      fixture.c_str(), c.relative(), c.argmax_agreement, (long long)outside, (long long)n, kTolerance, (long long)flips,
-      worst_tie);
+      "%s on %s: max |diff| %.3g of max |logit|, argmax agreement %.3f, %lld of %lld positions outside %.0e "
+      "(%lld flips there, widest tie %.3g); %lld expert-choice flips in all, the widest at a margin of %.3g "
+      "of the row's largest router logit\n",
+      fixture.c_str(), candidate.name().c_str(), c.relative(), c.argmax_agreement, (long long)outside, (long long)n,
+      kTolerance, (long long)flips, worst_tie, (long long)all_flips, widest_flip);
   EXPECT_EQ(unexplained, 0);
 }
 

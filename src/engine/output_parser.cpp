@@ -269,7 +269,7 @@ OutputFormat OutputFormat::for_markup(const ChatMarkup& markup,
         break;
     }
   } else if (markup.tool_calls == ToolCallSyntax::gemma && !f.think_open.empty()) {
-    f.tools = ToolFormat::gemma;  // the reasoning markup alone still wants Gemma's kept tokens
+    f.tools = ToolFormat::gemma;  // Gemma's reasoning alone: its kept tokens and answer separator
   }
   return f;
 }

@@ -92,7 +92,12 @@ Result<WeightStore> WeightStore::open(const std::string& dir, const std::vector<
         return make_error("tensor '{}' appears twice in {} (as '{}')", canonical, dir, info.name);
       store.entries_[canonical] = Entry{file, &info};
       store.total_bytes_ += info.nbytes;
-      (starts_with(info.name, "language_model.") ? any_mlx : any_other) = true;
+      // mlx's "language_model." against transformers' "model." prefixes; unprefixed names (a tower
+      // under mlx-vlm's "vision_tower.", "mtp.", "lm_head.") tell neither
+      if (starts_with(info.name, "language_model."))
+        any_mlx = true;
+      else if (canonical != info.name)
+        any_other = true;
     }
   }
   for (const auto& [name, f] : expected_file) {

@@ -94,6 +94,14 @@ struct ModelFamily {
   QuantizePolicy quantize;
   ChatMarkup chat;
 
+  // The set-aside part a canonical tensor name belongs to by its prefix, or null.
+  const SetAsidePart* part_of(const std::string& name) const {
+    for (const auto& part : set_aside)
+      for (const auto& prefix : part.prefixes)
+        if (name.rfind(prefix, 0) == 0) return &part;
+    return nullptr;
+  }
+
   const ModelTypeEntry* entry(const std::string& model_type) const {
     for (const auto& e : model_types)
       if (e.model_type == model_type) return &e;

@@ -34,4 +34,21 @@ Tensor add_one(const Tensor& t) {
   return out;
 }
 
+bool fused_experts_to_mlx(const WeightStore& store, const std::string& name, const Tensor& t, const std::string& prefix,
+                          const std::string& stack, std::vector<MlxTensor>& out) {
+  const auto experts = name.find(".experts.");
+  const bool down = ends_with(name, ".down_proj");
+  if (experts == std::string::npos || t.rank() != 3 || !(down || ends_with(name, ".gate_up_proj"))) return false;
+  const std::string base = prefix + name.substr(0, experts) + stack;
+  if (down) {
+    out.push_back({base + "down_proj.weight", t.shape(), t.dtype(), [&store, name]() { return *store.get(name); }});
+    return true;
+  }
+  const Shape half{t.dim(0), t.dim(1) / 2, t.dim(2)};
+  for (int which : {0, 1})
+    out.push_back({base + (which ? "up_proj.weight" : "gate_proj.weight"), half, t.dtype(),
+                   [&store, name, which]() { return split_half_rows(*store.get(name), which); }});
+  return true;
+}
+
 }  // namespace kiln

@@ -94,24 +94,17 @@ Result<Tensor> Model::forward(std::span<const SeqChunk> batch, LogitRows rows) {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.rfind(prefix, 0) == 0;
-}
-
 // Sorts the tensors the model did not fetch: set-aside parts (reported), tensors the reference
 // holds without using (accepted), and the rest (an error naming the first).
 Result<std::vector<SetAsideFinding>> account_for_tensors(const ModelFamily& family, const ModelConfigFile& config,
                                                          const WeightStore& weights) {
   std::map<std::string, SetAsideFinding> parts;
   for (const std::string& name : weights.unused()) {
-    const SetAsidePart* part = nullptr;
+    const SetAsidePart* part = family.part_of(name);
     const std::string sidecar = weights.sidecar_of(name);
-    for (const auto& p : family.set_aside) {
-      for (const auto& prefix : p.prefixes)
-        if (starts_with(name, prefix)) part = &p;
+    for (const auto& p : family.set_aside)
       for (const auto& file : p.sidecars)
         if (sidecar == file) part = &p;
-    }
     if (!part && !sidecar.empty()) {  // a file config.json names whose tensors belong to no known part
       auto& found = parts["tensors of " + sidecar];
       found.part = "tensors of " + sidecar;

@@ -49,29 +49,13 @@ Result<std::vector<MlxTensor>> gemma4_mlx_layout(const ModelConfigFile& file, co
   auto get = [&store](const std::string& name) { return [&store, name]() { return *store.get(name); }; };
   for (const auto& name : store.names()) {
     if (!store.sidecar_of(name).empty()) continue;
-    bool set_aside = false;
-    for (const auto& part : gemma4_family().set_aside)
-      for (const auto& p : part.prefixes) set_aside = set_aside || starts_with(name, p);
-    if (set_aside || unused_in(c, name)) continue;
+    if (gemma4_family().part_of(name) || unused_in(c, name)) continue;
     KILN_ASSIGN(Tensor t, store.get(name));
     if (name == "lm_head.weight") {
       out.push_back({head + ".weight", t.shape(), t.dtype(), get(name)});
       continue;
     }
-    const auto experts = name.find(".experts.");
-    if (experts != std::string::npos && t.rank() == 3 &&
-        (ends_with(name, ".gate_up_proj") || ends_with(name, ".down_proj"))) {
-      const std::string base = prefix + name.substr(0, experts) + ".experts.switch_glu.";
-      if (ends_with(name, ".down_proj")) {
-        out.push_back({base + "down_proj.weight", t.shape(), t.dtype(), get(name)});
-      } else {
-        const Shape half{t.dim(0), t.dim(1) / 2, t.dim(2)};
-        for (int which : {0, 1})
-          out.push_back({base + (which ? "up_proj.weight" : "gate_proj.weight"), half, t.dtype(),
-                         [&store, name, which]() { return split_half_rows(*store.get(name), which); }});
-      }
-      continue;
-    }
+    if (fused_experts_to_mlx(store, name, t, prefix, ".experts.switch_glu.", out)) continue;
     out.push_back({prefix + name, t.shape(), t.dtype(), get(name)});
   }
   return out;

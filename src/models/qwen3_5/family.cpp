@@ -12,10 +12,7 @@ namespace kiln {
 namespace {
 
 bool is_set_aside(const std::string& name) {
-  for (const auto& part : qwen3_5_family().set_aside)
-    for (const auto& p : part.prefixes)
-      if (starts_with(name, p)) return true;
-  return false;
+  return qwen3_5_family().part_of(name) != nullptr;
 }
 
 // mlx-lm's form: the language model under "language_model.", experts stacked as switch_mlp, and,
@@ -44,20 +41,8 @@ Result<std::vector<MlxTensor>> qwen3_5_mlx_layout(const ModelConfigFile& file, c
       if (!c.tie_word_embeddings) out.push_back({head + ".weight", t.shape(), t.dtype(), get(name)});
       continue;
     }
+    if (fused_experts_to_mlx(store, name, t, prefix, ".switch_mlp.", out)) continue;
     const auto experts = name.find(".experts.");
-    if (experts != std::string::npos && t.rank() == 3 &&
-        (ends_with(name, ".gate_up_proj") || ends_with(name, ".down_proj"))) {
-      const std::string base = prefix + name.substr(0, experts) + ".switch_mlp.";
-      if (ends_with(name, ".down_proj")) {
-        out.push_back({base + "down_proj.weight", t.shape(), t.dtype(), get(name)});
-      } else {
-        const Shape half{t.dim(0), t.dim(1) / 2, t.dim(2)};
-        for (int which : {0, 1})
-          out.push_back({base + (which ? "up_proj.weight" : "gate_proj.weight"), half, t.dtype(),
-                         [&store, name, which]() { return split_half_rows(*store.get(name), which); }});
-      }
-      continue;
-    }
     if (experts != std::string::npos) {  // layers.N.mlp.experts.E.P.weight
       const std::string rest = name.substr(experts + 9);
       const auto dot = rest.find('.');

@@ -240,27 +240,58 @@ ModelSummary Engine::summary() const {
                       .device = impl_->backend->name()};
 }
 
+std::variant<std::unique_ptr<engine::TextGeneration>, engine::StartError> engine::start_generation(
+    Scheduler& scheduler, std::shared_ptr<const Tokenizer> tokenizer, GenerationStart start) {
+  auto fail = [](StartFault fault, std::string message) { return StartError{fault, std::move(message)}; };
+  const int64_t n = int64_t(start.ids.size());
+  const int64_t context = scheduler.options().context;
+  if (n == 0) return fail(StartFault::empty_prompt, "the prompt is empty");
+  if (n >= context)
+    return fail(
+        StartFault::context,
+        fmt::format("the prompt ({} tokens) and a token to generate do not fit the context of {} tokens", n, context));
+  if (start.max_tokens > 0 && n + start.max_tokens > context) {
+    if (start.refuse_beyond_context)
+      return fail(StartFault::max_tokens,
+                  fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n,
+                              start.max_tokens, context));
+    start.max_tokens = context - n;
+  }
+  const int64_t vocab = scheduler.model().info().vocab_size;
+  if (auto id = biased_token_outside(start.sampling, vocab))
+    return fail(StartFault::logit_bias,
+                fmt::format("logit_bias names token {}, outside the vocabulary of {} tokens", *id, vocab));
+  GenerationParams params{.prompt = std::move(start.ids),
+                          .sampling = std::move(start.sampling),
+                          .max_tokens = start.max_tokens > 0 ? start.max_tokens : context - n,
+                          .logprobs = start.logprobs,
+                          .forced = std::move(start.forced),
+                          .keep_prefix = start.keep_prefix};
+  if (tokenizer) params.stop_ids = tokenizer->eos_ids();
+  auto generation = scheduler.submit(std::move(params));
+  if (!generation.ok()) return fail(StartFault::unavailable, generation.error().message);
+  return std::make_unique<TextGeneration>(
+      std::move(generation).value(), std::move(tokenizer),
+      TextGenerationOptions{
+          .stops = std::move(start.stops), .format = std::move(start.format), .one_tool_call = start.one_tool_call});
+}
+
 Result<std::unique_ptr<Stream>> Engine::submit(const Request& request) {
   Impl& e = *impl_;
   KILN_ASSIGN(PreparedPrompt prompt, prepare(e, request));
   const int64_t n = int64_t(prompt.ids.size());
   KILN_ASSIGN(Scheduler * scheduler, e.scheduler_for(n + (request.max_tokens > 0 ? request.max_tokens : 4096)));
-  const int64_t context = scheduler->options().context;
-  if (n >= context)
-    return make_error("the prompt ({} tokens) and a token to generate do not fit the context of {} tokens", n, context);
-  GenerationParams params{
-      .prompt = std::move(prompt.ids),
-      .sampling = engine::sampling_params(request.sampling, e.defaults),
-      .max_tokens = request.max_tokens > 0 ? std::min(request.max_tokens, context - n) : context - n,
-      .keep_prefix = prompt.keep_prefix};
-  if (auto id = biased_token_outside(params.sampling, e.model->info().vocab_size))
-    return make_error("logit_bias: token {} is outside the vocabulary of {} tokens", *id, e.model->info().vocab_size);
-  if (e.tokenizer) params.stop_ids = e.tokenizer->eos_ids();
-  KILN_ASSIGN(auto generation, scheduler->submit(std::move(params)));
-  auto text = std::make_unique<engine::TextGeneration>(
-      std::move(generation), e.tokenizer,
-      engine::TextGenerationOptions{.stops = request.stop, .format = std::move(prompt.format)});
-  return std::unique_ptr<Stream>(std::make_unique<TextStream>(std::move(text)));
+  auto started = engine::start_generation(
+      *scheduler, e.tokenizer,
+      engine::GenerationStart{.ids = std::move(prompt.ids),
+                              .format = std::move(prompt.format),
+                              .keep_prefix = prompt.keep_prefix,
+                              .sampling = engine::sampling_params(request.sampling, e.defaults),
+                              .max_tokens = request.max_tokens,
+                              .stops = request.stop});
+  if (auto* error = std::get_if<engine::StartError>(&started)) return Error{std::move(error->message)};
+  return std::unique_ptr<Stream>(
+      std::make_unique<TextStream>(std::move(std::get<std::unique_ptr<engine::TextGeneration>>(started))));
 }
 
 }  // namespace kiln

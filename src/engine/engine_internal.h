@@ -6,8 +6,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "engine/output_parser.h"
+#include "engine/text_generation.h"
 #include "kiln/engine.h"
 #include "models/model.h"
 #include "ops/backend.h"
@@ -43,6 +46,36 @@ Result<std::unique_ptr<Engine>> load_engine(const std::string& model_dir, const 
 
 // The sampling a request runs with: its own settings, then the model's defaults, then kiln's.
 SamplingParams sampling_params(const Sampling& sampling, const SamplingDefaults& defaults);
+
+// A generation as every client starts it (Engine::submit, the server's endpoints): a prompt already
+// in ids, how its output is read, and its limits.
+struct GenerationStart {
+  std::vector<int32_t> ids;
+  OutputFormat format;      // plain text unless a chat is parsed
+  int64_t keep_prefix = 0;  // the prompt's settled part, kept in the prefix cache
+  SamplingParams sampling;
+  int64_t max_tokens = 0;  // 0: up to the context
+  // A max_tokens beyond the context: cut to what fits (the engine API's promise) or refused (the
+  // HTTP APIs', where a client asked for a length it cannot get).
+  bool refuse_beyond_context = false;
+  std::vector<std::string> stops;
+  int logprobs = -1;
+  ForcedTokens forced;
+  bool one_tool_call = false;
+};
+
+// What is wrong with a generation that cannot start, for clients that answer each differently.
+enum class StartFault { empty_prompt, context, max_tokens, logit_bias, unavailable };
+struct StartError {
+  StartFault fault;
+  std::string message;
+};
+
+// Checks the prompt and limits against the scheduler's context and the model's vocabulary, then
+// queues the generation and reads it as text: the one place a generation starts.
+std::variant<std::unique_ptr<TextGeneration>, StartError> start_generation(Scheduler& scheduler,
+                                                                           std::shared_ptr<const Tokenizer> tokenizer,
+                                                                           GenerationStart start);
 
 }  // namespace engine
 }  // namespace kiln

@@ -8,11 +8,29 @@
 
 namespace kiln {
 
+// Rows of the batch that embed as given rows (an image's encoding) instead of their token ids.
+struct SoftRows {
+  int64_t row = 0;  // first row of the batch they replace
+  Tensor rows;      // [n, hidden] on the backend
+};
+
 struct BatchLayout {
   int64_t n_tokens = 0;
   std::vector<SeqRows> seqs;           // one per sequence in the batch
   std::vector<SequenceState*> states;  // same order as seqs
-  Tensor positions;                    // [n_tokens] i32, on the backend
+  Tensor positions;                    // [n_tokens] i32, on the backend: each token's index in its sequence
+  // Rotary positions [axes, n_tokens] i32 on the backend, for models that ask for them (several
+  // axes, or positions a prompt laid out itself); undefined otherwise: the rotation follows
+  // `positions`.
+  Tensor rope_positions;
+  std::vector<int64_t> next_rope_offsets;  // per sequence, its rope offset after this batch
+  std::vector<SoftRows> soft;              // by increasing row
+};
+
+// How a model reads a batch beyond its token ids.
+struct BatchNeeds {
+  int64_t rope_axes = 0;  // rotary position axes it rotates by (0: it follows token indices alone)
+  int64_t hidden = 0;     // width of soft-token rows (0: the model takes no images)
 };
 
 // A batch ready to run: its layout and its token ids, on the backend.

@@ -30,6 +30,7 @@ void SequenceState::reset(Backend& backend) {
     if (l.recurrent.numel()) backend.fill(l.recurrent, 0.0f);
   }
   length_ = 0;
+  rope_offset_ = 0;
 }
 
 std::unique_ptr<SequenceState> SequenceState::clone(Backend& backend) const {
@@ -61,6 +62,7 @@ void SequenceState::restore(Backend& backend, const SequenceState& snapshot) {
     copy_if(backend, s.recurrent, d.recurrent);
   }
   length_ = snapshot.length_;
+  rope_offset_ = snapshot.rope_offset_;
 }
 
 }  // namespace kiln

@@ -25,6 +25,10 @@ class SequenceState {
   int64_t length() const { return length_; }  // tokens processed so far
   int64_t max_context() const { return max_context_; }
   void advance(int64_t n) { length_ += n; }
+  // Where the next token's rotary position stands relative to its index: 0 unless a prompt laid
+  // out its positions itself (Qwen's multimodal RoPE, where an image's tokens share positions).
+  int64_t rope_offset() const { return rope_offset_; }
+  void set_rope_offset(int64_t offset) { rope_offset_ = offset; }
 
   std::vector<LayerState>& layers() { return layers_; }
   const std::vector<LayerState>& layers() const { return layers_; }
@@ -41,6 +45,7 @@ class SequenceState {
   std::vector<LayerState> layers_;
   int64_t max_context_ = 0;
   int64_t length_ = 0;
+  int64_t rope_offset_ = 0;
 };
 
 }  // namespace kiln

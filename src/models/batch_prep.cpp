@@ -1,9 +1,11 @@
 #include "models/batch_prep.h"
 
+#include <algorithm>
+
 namespace kiln {
 
 Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> batch, int64_t vocab_size,
-                                    int64_t max_chunk) {
+                                    int64_t max_chunk, const BatchNeeds& needs) {
   PreparedBatch out;
   BatchLayout& layout = out.layout;
   if (batch.empty()) return make_error("forward: empty batch");
@@ -19,6 +21,21 @@ Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> 
     for (int32_t id : c.tokens)
       if (id < 0 || id >= vocab_size)
         return make_error("token id {} is outside the vocabulary [0, {})", id, vocab_size);
+    if (!c.soft.empty() && needs.hidden == 0) return make_error("forward: this model takes no images");
+    int64_t soft_end = 0;
+    for (const SoftTokens& t : c.soft) {
+      if (t.offset < soft_end || t.offset + t.rows.rows() > int64_t(c.tokens.size()))
+        return make_error("forward: soft tokens at {} (+{}) overlap or leave the chunk of {} tokens", t.offset,
+                          t.rows.rows(), c.tokens.size());
+      if (t.rows.cols() != needs.hidden)
+        return make_error("forward: soft tokens of width {}, the model's is {}", t.rows.cols(), needs.hidden);
+      soft_end = t.offset + t.rows.rows();
+      layout.soft.push_back(SoftRows{.row = layout.n_tokens + t.offset, .rows = t.rows});
+    }
+    if (!c.positions.empty() &&
+        (needs.rope_axes == 0 || c.positions.size() != size_t(needs.rope_axes) * c.tokens.size()))
+      return make_error("forward: {} laid-out positions for {} tokens; the model rotates by {} axes",
+                        c.positions.size(), c.tokens.size(), needs.rope_axes);
     layout.seqs.push_back(
         SeqRows{.row_begin = layout.n_tokens, .n_rows = int64_t(c.tokens.size()), .pos_begin = c.state->length()});
     layout.states.push_back(c.state);
@@ -30,16 +47,41 @@ Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> 
 
   Tensor ids = host_tensor(DType::i32, Shape{layout.n_tokens});
   Tensor pos = host_tensor(DType::i32, Shape{layout.n_tokens});
+  const int64_t axes = needs.rope_axes;
+  Tensor rope = axes > 0 ? host_tensor(DType::i32, Shape{axes, layout.n_tokens}) : Tensor();
   int64_t r = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
-    for (size_t i = 0; i < batch[s].tokens.size(); ++i, ++r) {
-      ids.data_as<int32_t>()[r] = batch[s].tokens[i];
-      pos.data_as<int32_t>()[r] = int32_t(layout.seqs[s].pos_begin + int64_t(i));
+    const SeqChunk& c = batch[s];
+    const int64_t n = int64_t(c.tokens.size());
+    const int64_t begin = layout.seqs[s].pos_begin;
+    const int64_t offset = c.state->rope_offset();
+    int64_t next = begin + n + offset;  // the rotary position of the token after the chunk
+    if (!c.positions.empty()) {
+      int64_t last = -1;
+      for (int32_t p : c.positions) last = std::max<int64_t>(last, p);
+      next = last + 1;
     }
+    layout.next_rope_offsets.push_back(next - (begin + n));
+    for (int64_t i = 0; i < n; ++i) {
+      ids.data_as<int32_t>()[r + i] = c.tokens[size_t(i)];
+      pos.data_as<int32_t>()[r + i] = int32_t(begin + i);
+      for (int64_t a = 0; a < axes; ++a)
+        rope.data_as<int32_t>()[a * layout.n_tokens + r + i] =
+            c.positions.empty() ? int32_t(begin + i + offset) : c.positions[size_t(a * n + i)];
+    }
+    r += n;
   }
   out.ids = backend.upload(ids, DType::i32);
   layout.positions = backend.upload(pos, DType::i32);
+  if (axes > 0) layout.rope_positions = backend.upload(rope, DType::i32);
   return out;
+}
+
+void place_soft_tokens(Backend& backend, const BatchLayout& layout, Tensor& embeddings) {
+  for (const SoftRows& s : layout.soft) {
+    Tensor dst = embeddings.rows_view(s.row, s.rows.rows());
+    backend.copy(s.rows, dst);
+  }
 }
 
 bool selects_every_row(const BatchLayout& layout, LogitRows rows) {
@@ -60,7 +102,10 @@ Tensor select_rows(Backend& backend, const Tensor& h, const BatchLayout& layout,
 }
 
 void advance_sequences(const BatchLayout& layout) {
-  for (size_t s = 0; s < layout.states.size(); ++s) layout.states[s]->advance(layout.seqs[s].n_rows);
+  for (size_t s = 0; s < layout.states.size(); ++s) {
+    layout.states[s]->advance(layout.seqs[s].n_rows);
+    if (s < layout.next_rope_offsets.size()) layout.states[s]->set_rope_offset(layout.next_rope_offsets[s]);
+  }
 }
 
 }  // namespace kiln

@@ -33,10 +33,32 @@ struct ModelOptions {
   int64_t max_chunk_tokens = 512;
 };
 
+// An image as its family's processor leaves it (the Hugging Face image processor's output): what
+// the model's vision encoder reads.
+struct ProcessedImage {
+  Tensor pixels;              // host f32 [patches, values per patch], after rescaling and normalising
+  std::vector<int64_t> grid;  // the patch grid: Gemma 4 {rows, cols}; Qwen 3.5 {t, h, w}
+  int64_t soft_tokens = 0;    // the placeholder tokens its encoding fills in the prompt
+};
+
+// Encoded image rows that take the place of a chunk's placeholder tokens: tokens [offset, offset +
+// rows.rows()) of the chunk embed as these rows instead of their ids. A span may hold part of an
+// image (a prompt split over chunks): `first` is the row of the image's encoding it starts at.
+struct SoftTokens {
+  int64_t offset = 0;
+  Tensor rows;  // [n, hidden] on the backend: a view of the image's encoding
+  int64_t first = 0;
+  int64_t image_rows = 0;  // the whole image's soft tokens
+};
+
 // One sequence's share of a forward call.
 struct SeqChunk {
   SequenceState* state = nullptr;
   std::span<const int32_t> tokens;
+  std::span<const SoftTokens> soft;  // images in these tokens, by increasing offset (none: text)
+  // Rotary positions of these tokens when they do not simply follow the sequence's (Qwen's
+  // multimodal RoPE: [axes × tokens], axis-major); empty: the state's next positions.
+  std::span<const int32_t> positions;
 };
 
 enum class LogitRows { all, last };
@@ -90,6 +112,17 @@ class Model {
   // products (for MoE, the routed experts) and attention's two products over the visible keys.
   virtual double prefill_flops(int64_t tokens) const = 0;
 
+  // The image's soft tokens, [image.soft_tokens, hidden] on the backend, in the text model's
+  // embedding space (the vision encoder and the multimodal embedder). An error for a model that
+  // runs no images.
+  virtual Result<Tensor> encode_image(const ProcessedImage& image);
+
+ protected:
+  // What the model's batches carry beyond token ids (images, laid-out rotary positions); none by
+  // default, and prepare refuses a batch that carries them.
+  virtual BatchNeeds batch_needs() const { return {}; }
+
+ public:
   // What load_model set aside of the checkpoint, in one entry per part.
   const std::vector<SetAsideFinding>& set_aside() const { return set_aside_; }
   void set_set_aside(std::vector<SetAsideFinding> parts) { set_aside_ = std::move(parts); }

@@ -64,7 +64,7 @@ Result<std::vector<CheckpointTensor>> checkpoint_part_tensors(const ModelConfigF
 
 Result<PreparedBatch> Model::prepare(std::span<const SeqChunk> batch) {
   try {
-    return prepare_batch(backend(), batch, info().vocab_size, max_chunk_tokens());
+    return prepare_batch(backend(), batch, info().vocab_size, max_chunk_tokens(), batch_needs());
   } catch (const std::exception& e) {
     return make_error("forward failed: {}", e.what());
   }
@@ -78,6 +78,10 @@ Result<Tensor> Model::run(const PreparedBatch& batch, LogitRows rows) {
   } catch (const std::exception& e) {  // allocation failures surface here as exceptions
     return make_error("forward failed: {}", e.what());
   }
+}
+
+Result<Tensor> Model::encode_image(const ProcessedImage&) {
+  return make_error("{} ({}) runs no images", info().model_type, info().family);
 }
 
 void Model::dump(const std::string& name, const Tensor& t) const {

@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include "engine/engine_internal.h"
+
 #include <fmt/format.h>
 
 #include <cctype>
@@ -229,18 +231,6 @@ std::variant<Prompt, ApiError> Service::text_prompt(const json& p) const {
 }
 
 std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(GenerationRequest request) {
-  const int64_t n = int64_t(request.prompt.ids.size());
-  if (n == 0) return bad_request("the prompt is empty");
-  if (n >= context())
-    return ApiError{.message = fmt::format("This model's context holds {} tokens; the prompt has {}", context(), n),
-                    .param = request.prompt_field,
-                    .code = "context_length_exceeded"};
-  if (request.max_tokens > 0 && n + request.max_tokens > context())
-    return ApiError{
-        .message = fmt::format("The prompt ({} tokens) plus max_tokens ({}) exceed the context of {} tokens", n,
-                               request.max_tokens, context()),
-        .param = "max_tokens",
-        .code = "context_length_exceeded"};
   // waiting: the requests in the system beyond the batch's slots (a queued one may be about to
   // take a free slot)
   const SchedulerStats load = model_.scheduler->stats();
@@ -250,15 +240,14 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                     .type = "server_error",
                     .message = fmt::format("the server is busy: {} requests are waiting; retry later", waiting),
                     .code = "server_busy"};
-  const int64_t vocab = model_.scheduler->model().info().vocab_size;
-  if (auto id = biased_token_outside(request.sampling, vocab))
-    return bad_request(fmt::format("'logit_bias' names token {}, outside the vocabulary of {} tokens", *id, vocab),
-                       "logit_bias");
-  GenerationParams params{.prompt = request.prompt.ids,
-                          .sampling = request.sampling,
-                          .max_tokens = request.max_tokens,
-                          .logprobs = request.logprobs};
-  if (model_.tokenizer) params.stop_ids = model_.tokenizer->eos_ids();
+  engine::GenerationStart params{.ids = std::move(request.prompt.ids),
+                                 .format = request.prompt.format,
+                                 .sampling = std::move(request.sampling),
+                                 .max_tokens = request.max_tokens,
+                                 .refuse_beyond_context = true,
+                                 .stops = std::move(request.stops),
+                                 .logprobs = request.logprobs,
+                                 .one_tool_call = request.one_tool_call};
   if (request.call_required) {
     const OutputFormat& format = request.prompt.format;
     const std::string opening = format.call_opening(request.call_name);
@@ -294,12 +283,22 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
     params.forced.reasoning_opener = format.starts_in_reasoning ? -1 : open->front();
     params.forced.reasoning_close = std::move(close).value();
   }
-  auto generation = model_.scheduler->submit(std::move(params));
-  if (!generation.ok()) return ApiError{.status = 503, .type = "server_error", .message = generation.error().message};
-  return std::make_unique<TextGeneration>(
-      std::move(generation).value(), model_.tokenizer,
-      TextGenerationOptions{
-          .stops = request.stops, .format = request.prompt.format, .one_tool_call = request.one_tool_call});
+  auto started = engine::start_generation(*model_.scheduler, model_.tokenizer, std::move(params));
+  auto* error = std::get_if<engine::StartError>(&started);
+  if (!error) return std::move(std::get<std::unique_ptr<TextGeneration>>(started));
+  switch (error->fault) {
+    case engine::StartFault::empty_prompt:
+      return bad_request(error->message, request.prompt_field);
+    case engine::StartFault::context:
+      return ApiError{.message = error->message, .param = request.prompt_field, .code = "context_length_exceeded"};
+    case engine::StartFault::max_tokens:
+      return ApiError{.message = error->message, .param = "max_tokens", .code = "context_length_exceeded"};
+    case engine::StartFault::logit_bias:
+      return bad_request(error->message, "logit_bias");
+    case engine::StartFault::unavailable:
+      break;
+  }
+  return ApiError{.status = 503, .type = "server_error", .message = error->message};
 }
 
 void Metrics::request(const std::string& endpoint, int status) {

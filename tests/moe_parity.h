@@ -35,13 +35,16 @@ struct MoeRun {
   ActivationRecorder dump;
 };
 
-inline void moe_run(Backend& backend, const std::string& dir, const std::vector<int32_t>& ids, MoeRun& out) {
-  auto model = load_model(dir, backend, ModelOptions{.max_chunk_tokens = int64_t(ids.size())});
+// The fixture's ids through the model in `dir`, in chunks of `chunk` tokens (0: all at once).
+inline void moe_run(Backend& backend, const std::string& dir, const std::vector<int32_t>& ids, MoeRun& out,
+                    int64_t chunk = 0) {
+  if (chunk <= 0) chunk = int64_t(ids.size());
+  auto model = load_model(dir, backend, ModelOptions{.max_chunk_tokens = chunk});
   ASSERT_TRUE(model.ok()) << model.error().message;
   (*model)->set_activation_dump(&out.dump);
   auto state = (*model)->new_sequence(int64_t(ids.size()));
   ASSERT_TRUE(state.ok());
-  auto logits = run_tokens(**model, **state, ids, int64_t(ids.size()), LogitRows::all);
+  auto logits = run_tokens(**model, **state, ids, chunk, LogitRows::all);
   ASSERT_TRUE(logits.ok()) << logits.error().message;
   out.vocab = logits->dim(1);
   out.logits.assign(logits->data_as<float>(), logits->data_as<float>() + logits->numel());
@@ -58,10 +61,10 @@ inline std::pair<std::set<int>, double> top_k(const float* row, int64_t experts,
 }
 
 // Runs the fixture `fixture` (or the checkpoint in `dir`, with the fixture's ids) on `reference`
-// (f32) and `candidate` (bf16), and fails the test for every position outside the tolerance that no
-// expert-choice tie explains.
+// (f32) and `candidate` (bf16), in chunks of `chunk` tokens (0: all at once), and fails the test for
+// every position outside the tolerance that no expert-choice tie explains.
 inline void expect_deviations_are_expert_ties(Backend& reference, Backend& candidate, const std::string& fixture,
-                                              std::string dir = "") {
+                                              std::string dir = "", int64_t chunk = 0) {
   if (dir.empty()) dir = fixture_path(fixture);
   const auto config = read_json(dir + "/config.json");
   const auto& text = config.contains("text_config") ? config["text_config"] : config;
@@ -72,8 +75,8 @@ inline void expect_deviations_are_expert_ties(Backend& reference, Backend& candi
   const int64_t n = int64_t(ids.size());
 
   MoeRun want, got;
-  moe_run(reference, dir, ids, want);
-  moe_run(candidate, dir, ids, got);
+  moe_run(reference, dir, ids, want, chunk);
+  moe_run(candidate, dir, ids, got, chunk);
   ASSERT_EQ(want.logits.size(), got.logits.size());
   const int64_t vocab = want.vocab;
   const auto c = compare_logits(got.logits.data(), want.logits.data(), n, vocab);
@@ -134,10 +137,10 @@ inline void expect_deviations_are_expert_ties(Backend& reference, Backend& candi
     }
   }
   std::printf(
-      "%s on %s: max |diff| %.3g of max |logit|, argmax agreement %.3f, %lld of %lld positions outside %.0e "
+      "%s on %s (chunks of %lld): max |diff| %.3g of max |logit|, argmax agreement %.3f, %lld of %lld positions outside %.0e "
       "(%lld flips there, widest tie %.3g); %lld expert-choice flips in all, the widest at a margin of %.3g "
       "of the row's largest router logit\n",
-      fixture.c_str(), candidate.name().c_str(), c.relative(), c.argmax_agreement, (long long)outside, (long long)n,
+      fixture.c_str(), candidate.name().c_str(), (long long)(chunk > 0 ? chunk : n), c.relative(), c.argmax_agreement, (long long)outside, (long long)n,
       kTolerance, (long long)flips, worst_tie, (long long)all_flips, widest_flip);
   EXPECT_EQ(unexplained, 0);
 }

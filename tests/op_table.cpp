@@ -241,7 +241,8 @@ std::vector<OpCheck> run_op_case(const OpCase& c, Backend& device, int cpu_threa
   std::vector<OpCheck> checks;
   for (size_t i = 0; i < want.size() && i < got.size() && i < emu.size(); ++i) {
     OpCheck check{.what = c.label() + ", " + got[i].name, .exact = got[i].exact, .type = got[i].type};
-    check.comparison = compare(got[i].value, want[i].value, emu[i].value, got[i].type, got[i].terms, got[i].exact);
+    check.comparison = compare(got[i].value, want[i].value, emu[i].value, got[i].type, got[i].terms, got[i].exact,
+                               got[i].factor);
     checks.push_back(std::move(check));
   }
   if (want.size() != got.size() || want.size() != emu.size())

@@ -61,6 +61,7 @@ struct OpOutput {
   DType type = DType::f32;  // what the backend stores it in
   int64_t terms = 1;        // the length of the longest f32 sum behind an element
   bool exact = false;       // ids, positions and copied values: equal to the reference
+  double factor = kFactor;  // the multiple of the emulation's error the device may make
 };
 
 struct OpCase {

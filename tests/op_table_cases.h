@@ -91,6 +91,13 @@ inline Tensor product_weight(OpRun& r, const Tensor& w, int64_t m) {
 inline OpOutput output(std::string name, const Tensor& value, DType type, int64_t terms = 1) {
   return OpOutput{.name = std::move(name), .value = value, .type = type, .terms = terms};
 }
+// A quantized product's output: integer products are held to kIntegerProductFactor (op_tolerance.h).
+inline OpOutput product_output(std::string name, const Tensor& value, DType type, int64_t terms, int bits,
+                               int64_t rows) {
+  OpOutput o = output(std::move(name), value, type, terms);
+  if (integer_inputs(bits) && rows <= 32) o.factor = kIntegerProductFactor;
+  return o;
+}
 inline OpOutput exact(std::string name, const Tensor& value) {
   return OpOutput{.name = std::move(name), .value = value, .type = value.dtype(), .terms = 1, .exact = true};
 }

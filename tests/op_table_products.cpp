@@ -97,7 +97,7 @@ void quantized_products(Table& t) {
               const Tensor w = r.quantized(Shape{31, k}, bits, group), x = r.random(Shape{m, k});
               Tensor out = r.alloc_out(Shape{m, 31});
               r.b.matmul(product_input(r, x, bits), product_weight(r, w, m), out);
-              return Outputs{output("out", r.host(out), r.out, k)};
+              return Outputs{product_output("out", r.host(out), r.out, k, bits, m)};
             });
   for (int bits : kBits) {
     const int group = bits == 4 ? 64 : bits % 2 ? 128 : 32;
@@ -113,7 +113,8 @@ void quantized_products(Table& t) {
                 r.b.matmul_many(product_input(r, x, bits), products);
                 Outputs outs;
                 for (size_t i = 0; i < products.size(); ++i)
-                  outs.push_back(output(fmt::format("out {}", i), r.host(products[i].out), r.out, 640));
+                  outs.push_back(
+                      product_output(fmt::format("out {}", i), r.host(products[i].out), r.out, 640, bits, m));
                 return outs;
               });
         for (Activation act : {Activation::silu, Activation::gelu_tanh})
@@ -125,7 +126,7 @@ void quantized_products(Table& t) {
                   Tensor out = r.alloc_out(Shape{m, 45});
                   r.b.glu_matmul(product_input(r, x, bits), product_weight(r, gate, m), product_weight(r, up, m), act,
                                  out);
-                  return Outputs{output("out", r.host(out), r.out, 2560)};
+                  return Outputs{product_output("out", r.host(out), r.out, 2560, bits, m)};
                 });
       }
   }

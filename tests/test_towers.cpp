@@ -73,7 +73,7 @@ TEST_P(TowersRelease, ListingIsWellFormed) {
   for (const auto& t : parts) {
     EXPECT_TRUE(names.insert(t.name).second) << t.name << " is listed twice";
     bool known = false;
-    for (const char* prefix : {"model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.",
+    for (const char* prefix : {"model.vision_tower.", "model.embed_vision.", "model.vision_embedder.", "model.audio_tower.", "model.embed_audio.",
                                "model.visual.", "mtp."})
       known = known || t.name.rfind(prefix, 0) == 0;
     EXPECT_TRUE(known) << t.name;
@@ -105,6 +105,48 @@ TEST_P(TowersRelease, ParametersMatchThePublishedCheckpoint) {
   auto config = read_model_config_file(release_dir() + "/" + GetParam() + ".json");
   ASSERT_TRUE(config.ok()) << config.error().message;
   EXPECT_EQ(parameters(parts_of(*config)), it->second);
+}
+
+// The towers' tensors as transformers' wrapper class holds them for the same config (names and
+// shapes, tests/fixtures/release_listings/, written by tools/oracle/run_release_on_device.sh from a
+// meta-device model: state-dict names, which the 12B's embedder saves under other names).
+TEST_P(TowersRelease, MatchesTransformersListing) {
+  const std::string listing_path = source_dir() + "/tests/fixtures/release_listings/" + GetParam() + ".json";
+  if (!fs::exists(listing_path)) GTEST_SKIP() << "no transformers listing for " << GetParam();
+  const auto listing = read_json(listing_path);
+  auto config = read_model_config_file(release_dir() + "/" + GetParam() + ".json");
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  // transformers' conversion_mapping.py "gemma4_unified": state-dict name -> saved name
+  const std::vector<std::pair<std::string, std::string>> saved_as = {
+      {"model.embed_vision.multimodal_embedder.embedding_projection", "model.embed_vision.embedding_projection"},
+      {"model.embed_vision.patch_ln1", "model.vision_embedder.patch_ln1"},
+      {"model.embed_vision.patch_dense", "model.vision_embedder.patch_dense"},
+      {"model.embed_vision.patch_ln2", "model.vision_embedder.patch_ln2"},
+      {"model.embed_vision.pos_embedding", "model.vision_embedder.pos_embedding"},
+      {"model.embed_vision.pos_norm", "model.vision_embedder.pos_norm"},
+  };
+  std::map<std::string, Shape> want;
+  for (const auto& [name, dims] : listing.items()) {
+    std::string saved = name;
+    if (config->outer_model_type == "gemma4_unified")
+      for (const auto& [from, to] : saved_as)
+        if (saved.rfind(from, 0) == 0) saved = to + saved.substr(from.size());
+    const auto d = dims.get<std::vector<int64_t>>();
+    want[saved] = Shape(d.begin(), d.end());
+  }
+  std::map<std::string, Shape> got;
+  for (const auto& t : parts_of(*config))
+    if (t.name.rfind("mtp.", 0) != 0) got[t.name] = t.shape;  // transformers builds no MTP head
+  for (const auto& [name, shape] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) {
+      ADD_FAILURE() << name << " " << shape.str() << " is in transformers' model, not in kiln's listing";
+      continue;
+    }
+    EXPECT_EQ(it->second, shape) << name;
+  }
+  for (const auto& [name, shape] : got)
+    EXPECT_TRUE(want.count(name)) << name << " " << shape.str() << " is in kiln's listing, not in transformers' model";
 }
 
 INSTANTIATE_TEST_SUITE_P(Towers, TowersRelease, testing::ValuesIn(release_configs()), [](const auto& info) {
@@ -190,10 +232,11 @@ TEST(TowersSubConfigs, KeysThatChangeShapes) {
                             {"audio_config", {{"audio_embed_dim", 40}}}};
   unified["text_config"]["model_type"] = "gemma4_unified_text";
   auto u = by_name(parts_of(config_from(unified)));
-  EXPECT_EQ(u["model.embed_vision.patch_ln1.bias"], (Shape{108}));  // (2 * 3)^2 * 3
-  EXPECT_EQ(u["model.embed_vision.patch_dense.weight"], (Shape{24, 108}));
-  EXPECT_EQ(u["model.embed_vision.pos_embedding"], (Shape{10, 2, 24}));
-  EXPECT_EQ(u["model.embed_vision.multimodal_embedder.embedding_projection.weight"], (Shape{64, 3840}));
+  // the released checkpoint's names, which transformers' save_pretrained writes
+  EXPECT_EQ(u["model.vision_embedder.patch_ln1.bias"], (Shape{108}));  // (2 * 3)^2 * 3
+  EXPECT_EQ(u["model.vision_embedder.patch_dense.weight"], (Shape{24, 108}));
+  EXPECT_EQ(u["model.vision_embedder.pos_embedding"], (Shape{10, 2, 24}));
+  EXPECT_EQ(u["model.embed_vision.embedding_projection.weight"], (Shape{64, 3840}));
   EXPECT_EQ(u["model.embed_audio.embedding_projection.weight"], (Shape{64, 40}));
   EXPECT_EQ(u.size(), 11u);
 

@@ -107,10 +107,13 @@ Result<WeightStore> WeightStore::open(const std::string& dir, const std::vector<
   }
   store.mlx_prefixed_ = any_mlx && !any_other;
 
+  std::vector<std::string> opened;  // a sidecar named twice (by its own name and by config.json) opens once
   for (const auto& f : sidecars) {
     if (f.empty() || f.find('/') != std::string::npos || f == ".." ||
-        std::find(files.begin(), files.end(), f) != files.end() || !file_exists(dir + "/" + f))
+        std::find(files.begin(), files.end(), f) != files.end() || !file_exists(dir + "/" + f) ||
+        std::find(opened.begin(), opened.end(), f) != opened.end())
       continue;
+    opened.push_back(f);
     KILN_ASSIGN(auto file, SafetensorsFile::open(dir + "/" + f));
     for (const auto& info : file->tensors()) {
       std::string canonical = canonical_weight_name(info.name);

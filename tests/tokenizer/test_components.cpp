@@ -283,6 +283,24 @@ TEST(PostProcessors, TemplateBertAndConfigFallback) {
   EXPECT_EQ((*configured)->encode("a", true).value(), (std::vector<int32_t>{10, 0}));
   EXPECT_EQ((*configured)->bos_id(), 10);
   EXPECT_EQ((*configured)->eos_ids(), (std::vector<int32_t>{11, 12}));
+
+  // without generation_config.json, config.json's ids as transformers' GenerationConfig reads them
+  // (from_model_config): a wrapper's top-level eos_token_id, else its text_config's
+  files.generation_config_json.clear();
+  files.tokenizer_config_json.clear();
+  const std::vector<std::pair<std::string, std::vector<int32_t>>> configs = {
+      {R"({"eos_token_id": 12, "text_config": {"eos_token_id": 11}})", {12}},
+      {R"({"text_config": {"eos_token_id": [11, 12]}})", {11, 12}},
+      {R"({"eos_token_id": null, "text_config": {"eos_token_id": 11}})", {11}},
+      {R"({"eos_token_id": 11})", {11}},
+      {R"({"model_type": "qwen3_5"})", {}},
+  };
+  for (const auto& [config, want] : configs) {
+    files.config_json = config;
+    auto from_config = Tokenizer::from_files(files);
+    ASSERT_TRUE(from_config.ok()) << from_config.error().message;
+    EXPECT_EQ((*from_config)->eos_ids(), want) << config;
+  }
 }
 
 TEST(Components, UnsupportedTypesAreRefusedByName) {

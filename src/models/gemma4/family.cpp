@@ -85,7 +85,7 @@ ModelFamily make_gemma4_family() {
   f.unused_by_design = gemma4_unused_by_design;
   f.set_aside = {
       {.name = "vision encoder",
-       .prefixes = {"vision_tower.", "embed_vision."},
+       .prefixes = {"vision_tower.", "embed_vision.", "vision_embedder."},
        .config_keys = {"vision_config"},
        .sidecars = {"optiq_vision.safetensors"},
        .not_yet = "images not supported yet"},

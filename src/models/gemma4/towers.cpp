@@ -17,6 +17,9 @@
 //     embed_vision  Gemma4UnifiedVisionEmbedder: patch_ln1, patch_dense, patch_ln2, pos_embedding,
 //                   pos_norm, multimodal_embedder (Gemma4UnifiedMultimodalEmbedder)
 //     embed_audio   Gemma4UnifiedMultimodalEmbedder
+//     saved under the released checkpoint's names (transformers renames them back on save,
+//     conversion_mapping.py "gemma4_unified"): "vision_embedder.{patch_ln1, patch_dense, patch_ln2,
+//     pos_embedding, pos_norm}" and "embed_vision.embedding_projection"
 // Keys a sub-config leaves out take the defaults of Gemma4VisionConfig, Gemma4AudioConfig,
 // Gemma4UnifiedVisionConfig and Gemma4UnifiedAudioConfig. Not saved (non-persistent buffers): the
 // rotary inv_freq tables, the audio encoder's inv_timescales and softcap.
@@ -178,7 +181,7 @@ Status audio_tower(const nlohmann::json& j, const std::string& where, int64_t te
   return ok_status();
 }
 
-// Gemma4UnifiedVisionEmbedder, "model.embed_vision.": raw merged patches through
+// Gemma4UnifiedVisionEmbedder, "model.vision_embedder." as saved: raw merged patches through
 // LayerNorm -> Linear -> LayerNorm, factorised 2-D positions, LayerNorm, then the projection.
 Status unified_vision(const nlohmann::json& j, const std::string& where, int64_t text_hidden, Listing& t) {
   ConfigReader c(j, where);
@@ -194,14 +197,14 @@ Status unified_vision(const nlohmann::json& j, const std::string& where, int64_t
   KILN_TRY(c.status());
   const int64_t patch_dim = (patch * pooling) * (patch * pooling) * 3;
 
-  const std::string e = "model.embed_vision.";
+  const std::string e = "model.vision_embedder.";
   t.layer_norm(e + "patch_ln1", patch_dim);
   t.matrix(e + "patch_dense.weight", Shape{width, patch_dim});
   t.zeros(e + "patch_dense.bias", Shape{width});
   t.layer_norm(e + "patch_ln2", width);
   t.matrix(e + "pos_embedding", Shape{positions, 2, width}, float(init_std));  // [position, x|y, width]
   t.layer_norm(e + "pos_norm", width);
-  t.matrix(e + "multimodal_embedder.embedding_projection.weight", Shape{text_hidden, out});
+  t.matrix("model.embed_vision.embedding_projection.weight", Shape{text_hidden, out});
   return ok_status();
 }
 

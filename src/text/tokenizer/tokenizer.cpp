@@ -120,6 +120,9 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& mode
     // (an empty string stands for an absent file below)
     if (content->empty()) return make_error("{} is empty, not a JSON object", (dir / name).string());
   }
+  if (files.generation_config_json.empty() && fs::is_regular_file(dir / "config.json", error)) {
+    KILN_ASSIGN(files.config_json, tokenization::read_file((dir / "config.json").string()));
+  }
   return from_files(files);
 }
 
@@ -166,8 +169,19 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
     KILN_ASSIGN(config, parse_json(files.tokenizer_config_json, "tokenizer_config.json"));
   }
   json generation = json::object();
+  const char* eos_source = "generation_config.json";
   if (!files.generation_config_json.empty()) {
     KILN_ASSIGN(generation, parse_json(files.generation_config_json, "generation_config.json"));
+  } else if (!files.config_json.empty()) {
+    // config.json's ids as GenerationConfig.from_model_config reads them: the top level's, else the
+    // text_config's (a wrapper's); a config.json that does not parse is the model loader's to report
+    const json model = json::parse(files.config_json, nullptr, false);
+    eos_source = "config.json";
+    auto id_of = [](const json& j) { return j.is_object() && j.contains("eos_token_id") ? j["eos_token_id"] : json(); };
+    if (json top = id_of(model); !top.is_null())
+      generation["eos_token_id"] = top;
+    else if (model.is_object() && model.contains("text_config"))
+      if (json text = id_of(model["text_config"]); !text.is_null()) generation["eos_token_id"] = text;
   }
   auto resolve = [&](const std::optional<std::string>& token, const char* field) -> std::optional<int32_t> {
     if (!token) return std::nullopt;
@@ -184,7 +198,7 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_files(const TokenizerFi
       if (id.is_null()) continue;
       const int64_t raw = id.is_number_integer() ? id.get<int64_t>() : -1;
       if (raw < 0 || raw > INT32_MAX) {
-        spdlog::warn("generation_config.json: eos_token_id {} is not a token id; it is ignored", id.dump());
+        spdlog::warn("{}: eos_token_id {} is not a token id; it is ignored", eos_source, id.dump());
         continue;
       }
       const auto value = int32_t(raw);

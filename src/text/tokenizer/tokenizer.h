@@ -38,6 +38,8 @@ struct TokenizerFiles {
   std::string tokenizer_json;
   std::string tokenizer_config_json;    // empty when the file is absent
   std::string generation_config_json;   // empty when the file is absent
+  // config.json, read for its eos_token_id when generation_config.json is absent (empty: absent)
+  std::string config_json;
   std::string name = "tokenizer.json";  // how error messages call tokenizer.json (its path)
 };
 
@@ -66,6 +68,8 @@ class Tokenizer {
   // tokenizer_config.json's bos_token (none for Qwen).
   std::optional<int32_t> bos_id() const;
   // tokenizer_config.json's eos_token, then generation_config.json's eos_token_id(s), without repeats.
+  // Without generation_config.json, config.json's eos_token_id stands in for it as transformers'
+  // GenerationConfig.from_model_config takes it: a wrapper's top-level id, else its text_config's.
   std::vector<int32_t> eos_ids() const;
   // Added tokens marked special (skipped by decode with skip_special_tokens).
   bool is_special(int32_t id) const;

@@ -2,7 +2,8 @@
 // release-form wrappers included), how its config is read and its weights loaded, the tensors of
 // a checkpoint of any geometry (synthetic models), its policy for `kiln quantize`, the markup its
 // chat models write (reasoning, tool calls), and the parts of its released checkpoints that kiln
-// sets aside. The registry (models/registry.cpp) is a list of these.
+// sets aside, and how it turns an image into pixels and prompt tokens. The registry
+// (models/registry.cpp) is a list of these.
 //
 // Adding a family: a folder under src/models/ that defines one ModelFamily, and one line in the
 // registry's list. Adding a model_type alias: one entry in its family's `model_types`.
@@ -18,6 +19,7 @@
 #include "io/config.h"
 #include "io/synthetic.h"
 #include "io/weights.h"
+#include "models/image_processor.h"
 #include "models/model.h"
 
 namespace kiln {
@@ -89,6 +91,12 @@ struct ModelFamily {
   // Text-model tensors that the reference holds but never computes with (for example the K and V
   // projections of Gemma 4's KV-sharing layers): accepted, not reported.
   std::function<bool(const ModelConfigFile&, const std::string& canonical_name)> unused_by_design;
+
+  // The family's image processor for a model directory: its HF image processor class's settings
+  // from the directory (image_processor.h says which files), its placeholder from config.json and
+  // tokenizer_config.json. An error for a config without a vision tower.
+  std::function<Result<std::unique_ptr<ImageProcessor>>(const std::string& model_dir, const ModelConfigFile&)>
+      image_processor;
 
   std::vector<SetAsidePart> set_aside;
   QuantizePolicy quantize;

@@ -4,6 +4,7 @@
 
 #include "models/family.h"
 #include "models/gemma4/gemma4.h"
+#include "models/gemma4/image_processor.h"
 #include "models/gemma4/towers.h"
 #include "models/mlx_layout.h"
 
@@ -83,6 +84,7 @@ ModelFamily make_gemma4_family() {
   };
   f.part_tensors = gemma4_part_tensors;
   f.unused_by_design = gemma4_unused_by_design;
+  f.image_processor = load_gemma4_image_processor;
   f.set_aside = {
       {.name = "vision encoder",
        .prefixes = {"vision_tower.", "embed_vision.", "vision_embedder."},

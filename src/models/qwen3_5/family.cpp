@@ -4,6 +4,7 @@
 
 #include "models/family.h"
 #include "models/mlx_layout.h"
+#include "models/qwen3_5/image_processor.h"
 #include "models/qwen3_5/qwen3_5.h"
 #include "models/qwen3_5/towers.h"
 
@@ -117,6 +118,7 @@ ModelFamily make_qwen3_5_family() {
     auto c = parse_qwen3_5_config(file);
     return c.ok() && c->tie_word_embeddings;
   };
+  f.image_processor = load_qwen3_5_image_processor;
   f.set_aside = {
       {.name = "vision encoder",
        .prefixes = {"visual.", "vision_tower."},

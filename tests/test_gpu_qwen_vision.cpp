@@ -16,14 +16,14 @@
 namespace kiln::test {
 namespace {
 
-struct Run {
+struct DeviceRun {
   std::vector<float> encoded;  // both images' soft tokens
   std::vector<float> prefill;  // every prompt token's logits
   std::vector<float> decoded;  // logits of four replayed decode steps
 };
 
-Run run_on(Backend& backend, const std::string& dir, const ImagePrompt& p, int64_t chunk) {
-  Run out;
+DeviceRun run_on(Backend& backend, const std::string& dir, const ImagePrompt& p, int64_t chunk) {
+  DeviceRun out;
   auto model = load_model(dir, backend);
   EXPECT_TRUE(model.ok()) << (model.ok() ? "" : model.error().message);
   if (!model.ok()) return out;
@@ -67,7 +67,7 @@ TEST(GpuQwenVision, ImagePromptMatchesCpuReference) {
   const ImagePrompt p = two_image_prompt(c);
   CpuBackend cpu(4);
   for (int64_t chunk : {int64_t(0), int64_t(5)}) {
-    const Run want = run_on(cpu, dir, p, chunk), got = run_on(**gpu, dir, p, chunk);
+    const DeviceRun want = run_on(cpu, dir, p, chunk), got = run_on(**gpu, dir, p, chunk);
     ASSERT_FALSE(want.decoded.empty());
     EXPECT_LE(relative_diff(got.encoded, want.encoded), 2e-2) << "soft tokens, chunk " << chunk;
     const int64_t vocab = 320, n = int64_t(p.ids.size());

@@ -3,9 +3,11 @@
 // the backend under test.
 //
 // Ops covered: matmul (dense f32 and bf16, quantized at 2-8 bits and groups of 32-128), matmul_many,
-// glu_matmul, matmul_residual_norm, embed (dense and quantized), rms_norm, rms_norm_gated, add,
-// residual_norm, scale, glu, sigmoid_mul, add_sigmoid_gated, softcap, argmax, top_k, rope (plain and
-// with the per-head norm), kv_write, attention_inputs, attention, causal_conv1d, gated_delta,
+// glu_matmul, matmul_residual_norm, embed (dense and quantized), rms_norm, rms_norm_gated,
+// layer_norm, add, residual_norm, scale, glu, bias_act, sigmoid_mul, add_sigmoid_gated, softcap,
+// argmax, top_k, rope (plain, with the per-head norm, and over several position axes), kv_write,
+// attention_inputs (one and three position axes), attention (causal, and bidirectional: every
+// query at its sequence's last position), causal_conv1d, gated_delta,
 // moe_route and moe_experts (dense and quantized). Each in f32 and bf16 where the CUDA backend takes
 // both; in bf16 alone where its kernels take bf16 alone (kv_write, attention_inputs, attention,
 // gated_delta, and the inputs of moe_experts and of quantized products, whose outputs may be f32).
@@ -93,6 +95,17 @@ void elementwise(Table& t) {
           r.b.glu(r.up(gate), r.up(up), act, out);
           return Outputs{output("out", r.host(out), r.act)};
         });
+      for (const BiasActivation act : {BiasActivation::none, BiasActivation::gelu_tanh, BiasActivation::gelu_erf})
+        for (bool in_place : {false, true})
+          t.add("bias_act",
+                fmt::format("{} {}{}", dims({s.rows, s.cols}), bias_act_name(act), in_place ? " in place" : ""), dt,
+                [=](OpRun& r) {
+                  const Tensor x = r.random(shape, 2.0f), bias = r.random(Shape{s.cols});
+                  Tensor xd = r.up(x);
+                  Tensor out = in_place ? xd : r.alloc(shape);
+                  r.b.bias_act(xd, r.up_f32(bias), act, out);
+                  return Outputs{output("out", r.host(out), r.act)};
+                });
       for (bool strided : {false, true})  // strided: the gate is the right half of wider rows
         t.add("sigmoid_mul", fmt::format("{}{}", dims({s.rows, s.cols}), strided ? " strided gate" : ""), dt,
               [=](OpRun& r) {
@@ -179,6 +192,29 @@ void norms(Table& t) {
         r.b.rms_norm(r.up(x).cols_view(s.cols, s.cols), r.up_f32(weight), 1e-6f, 0.0f, out);
         return Outputs{output("out", r.host(out), r.act, s.cols)};
       });
+  // LayerNorm (vision towers): weight and bias, neither, a strided view in and out; rows with an
+  // offset far from zero, where the centring matters
+  for (const Size2 s : {Size2{1, 31}, Size2{33, 32}, Size2{37, 160}, Size2{7, 1152}, Size2{3, 4608}, Size2{2, 1031}})
+    for (bool affine : {true, false})
+      for (DType dt : kFloatTypes)
+        t.add("layer_norm", fmt::format("{}{}", dims({s.rows, s.cols}), affine ? "" : " no weight or bias"), dt,
+              [=](OpRun& r) {
+                Tensor x = r.random(Shape{s.rows, s.cols}, 2.0f);
+                for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] += 3.0f;
+                const Tensor weight = r.random(Shape{s.cols}), bias = r.random(Shape{s.cols});
+                Tensor out = r.alloc(Shape{s.rows, s.cols});
+                r.b.layer_norm(r.up(x), affine ? r.up_f32(weight) : Tensor(), affine ? r.up_f32(bias) : Tensor(), 1e-6f,
+                               out);
+                return Outputs{output("out", r.host(out), r.act, s.cols)};
+              });
+  for (DType dt : kFloatTypes)
+    t.add("layer_norm", "5x160 strided", dt, [=](OpRun& r) {
+      const Tensor x = r.random(Shape{5, 320}), weight = r.random(Shape{160}), bias = r.random(Shape{160});
+      Tensor wide = r.alloc(Shape{5, 320});
+      Tensor out = wide.cols_view(160, 160);
+      r.b.layer_norm(r.up(x).cols_view(160, 160), r.up_f32(weight), r.up_f32(bias), 1e-6f, out);
+      return Outputs{output("out", r.host(out), r.act, 160)};
+    });
   for (const Size2 s : {Size2{1, 32}, Size2{37, 160}, Size2{63, 65}, Size2{4, 128}, Size2{9, 256}})
     for (DType dt : kFloatTypes)
       t.add("rms_norm_gated", dims({s.rows, s.cols}), dt, [=](OpRun& r) {

@@ -120,6 +120,9 @@ constexpr DType kFloatTypes[] = {DType::f32, DType::bf16};
 inline const char* act_name(Activation act) {
   return act == Activation::silu ? "silu" : "gelu_tanh";
 }
+inline const char* bias_act_name(BiasActivation act) {
+  return act == BiasActivation::none ? "none" : act == BiasActivation::gelu_tanh ? "gelu_tanh" : "gelu_erf";
+}
 
 // The residual update's arguments on one run's backend; `more`: a second next norm.
 struct ResidualInputs {

@@ -33,6 +33,21 @@ static KvCacheView zeroed_cache(OpRun& r, int64_t capacity, int hkv, int hd) {
   return c;
 }
 
+// Positions of several axes ([axes, tokens], axis-major) that differ per axis, and which axis each of
+// n_pairs pairs follows: Qwen 3.5's interleaved text layout (t h w t h w …) for three axes, its
+// vision tower's halves (rows, then columns) for two.
+static std::vector<int32_t> axis_positions(int axes, int64_t tokens) {
+  std::vector<int32_t> pos;
+  for (int a = 0; a < axes; ++a)
+    for (int64_t i = 0; i < tokens; ++i) pos.push_back(int32_t(i * 37 + a * 1000 + (a * i) % 5));
+  return pos;
+}
+static std::vector<int32_t> pair_axes(int axes, int n_pairs) {
+  std::vector<int32_t> axis;
+  for (int i = 0; i < n_pairs; ++i) axis.push_back(axes == 3 ? (i < 30 ? i % 3 : 0) : (i < n_pairs / 2 ? 0 : 1));
+  return axis;
+}
+
 void rope(Table& t) {
   struct Plain {
     int64_t tokens, heads;
@@ -84,6 +99,36 @@ void rope(Table& t) {
                                 .norm_offset = 1.0f});
               return Outputs{output("x", r.host(xd), r.act, c.hd)};
             });
+  // several position axes: the vision tower's rows and columns over whole heads, Qwen 3.5's text
+  // layout over the first 64 of 256 elements, plain and with the per-head norm
+  struct Axes {
+    int axes, hd, n_pairs, offset;
+    bool normalize;
+  };
+  for (const Axes c : {Axes{2, 72, 36, 36, false}, Axes{2, 64, 32, 32, false}, Axes{3, 256, 32, 32, false},
+                       Axes{3, 256, 32, 32, true}, Axes{3, 32, 4, 4, true}})
+    for (DType dt : kFloatTypes)
+      t.add("rope",
+            fmt::format("9x3x{} pairs {} offset {} axes {}{}", c.hd, c.n_pairs, c.offset, c.axes,
+                        c.normalize ? " normalized" : ""),
+            dt, [=](OpRun& r) {
+              const int64_t tokens = 9, heads = 3;
+              const Tensor x = r.random(Shape{tokens, heads, c.hd}, 2.0f), weight = r.random(Shape{c.hd});
+              Tensor pos = host_tensor(DType::i32, Shape{c.axes, tokens});
+              const std::vector<int32_t> values = axis_positions(c.axes, tokens);
+              std::copy(values.begin(), values.end(), pos.data_as<int32_t>());
+              Tensor xd = r.up(x);
+              r.b.rope(RopeArgs{.x = xd,
+                                .positions = r.up_i32(pos),
+                                .inv_freq = r.up_f32(r.floats(inv_freqs(c.n_pairs))),
+                                .pair_offset = c.offset,
+                                .normalize = c.normalize,
+                                .norm_weight = c.normalize ? r.up_f32(weight) : Tensor(),
+                                .norm_eps = 1e-6f,
+                                .norm_offset = 1.0f,
+                                .pair_axis = r.up_i32(r.ints(pair_axes(c.axes, c.n_pairs)))});
+              return Outputs{output("x", r.host(xd), r.act, c.normalize ? c.hd : 2)};
+            });
 }
 
 // The caches' keys and values (copies of the inputs, or computed from them over `terms` terms) and
@@ -122,13 +167,14 @@ void kv_and_attention(Table& t) {
     int hq, hkv, hd, n_pairs, pair_offset;
     bool k_as_v, v_norm, strided_q;
     float norm_offset;
+    int axes = 1;  // 3: Qwen 3.5's multimodal positions, apart from the tokens' cache positions
   };
   for (const Inputs c :
        {Inputs{4, 1, 512, 64, 256, true, true, false, 0.0f}, Inputs{4, 2, 256, 128, 128, false, true, false, 0.0f},
-        Inputs{4, 2, 128, 32, 32, false, false, true, 1.0f}})
+        Inputs{4, 2, 128, 32, 32, false, false, true, 1.0f}, Inputs{4, 2, 256, 32, 32, false, false, true, 1.0f, 3}})
     t.add("attention_inputs",
-          fmt::format("4x{}x{} kv {}{}{}{}", c.hq, c.hd, c.hkv, c.k_as_v ? " k as v" : "", c.v_norm ? " v norm" : "",
-                      c.strided_q ? " strided q" : ""),
+          fmt::format("4x{}x{} kv {}{}{}{}{}", c.hq, c.hd, c.hkv, c.k_as_v ? " k as v" : "", c.v_norm ? " v norm" : "",
+                      c.strided_q ? " strided q" : "", c.axes > 1 ? " 3 axes" : ""),
           kBf16, [=](OpRun& r) {
             const int64_t tokens = 4;
             const Tensor q_wide = r.random(Shape{tokens * c.hq, 2 * c.hd}, 2.0f);
@@ -136,18 +182,27 @@ void kv_and_attention(Table& t) {
             const Tensor k = r.random(Shape{tokens, c.hkv, c.hd}, 2.0f), v = r.random(Shape{tokens, c.hkv, c.hd}, 2.0f);
             const Tensor q_norm = r.random(Shape{c.hd}), k_norm = r.random(Shape{c.hd});
             const Tensor pos = r.up_i32(r.ints(positions_of(seqs))), freqs = r.up_f32(r.floats(inv_freqs(c.n_pairs)));
+            Tensor rope_pos = pos, axis;
+            if (c.axes > 1) {
+              Tensor host = host_tensor(DType::i32, Shape{c.axes, tokens});
+              const std::vector<int32_t> values = axis_positions(c.axes, tokens);
+              std::copy(values.begin(), values.end(), host.data_as<int32_t>());
+              rope_pos = r.up_i32(host);
+              axis = r.up_i32(r.ints(pair_axes(c.axes, c.n_pairs)));
+            }
             std::vector<KvCacheView> caches = {zeroed_cache(r, 8, c.hkv, c.hd), zeroed_cache(r, 8, c.hkv, c.hd)};
             Tensor q = r.alloc(Shape{tokens, c.hq, c.hd}), kd = r.up(k), vd = r.up(v);
             auto rope_args = [&](const Tensor& x, const Tensor& input, const Tensor& norm) {
               return RopeArgs{.x = x,
-                              .positions = pos,
+                              .positions = rope_pos,
                               .inv_freq = freqs,
                               .pair_offset = c.pair_offset,
                               .normalize = true,
                               .input = input,
                               .norm_weight = r.up_f32(norm),
                               .norm_eps = 1e-6f,
-                              .norm_offset = c.norm_offset};
+                              .norm_offset = c.norm_offset,
+                              .pair_axis = axis};
             };
             r.b.attention_inputs(AttentionInputsArgs{
                 .q = rope_args(q, c.strided_q ? r.up(q_wide).cols_view(0, c.hd) : r.up(q_in), q_norm),
@@ -222,6 +277,44 @@ void kv_and_attention(Table& t) {
           }
           return Outputs{output("out", concat(outs), r.act, std::max<int64_t>(c.hd, 45))};
         });
+
+  // Bidirectional attention as a vision tower runs it: each frame's keys at positions 0 … n-1 of
+  // a cache of its own, and every query at n-1; head sizes of the released towers (64, 72), two
+  // frames, and a frame short enough for the decode kernels
+  struct Frames {
+    int heads, hd;
+    std::vector<int64_t> lengths;
+  };
+  for (const Frames& c : {Frames{4, 72, {24, 24}}, Frames{3, 64, {80}}, Frames{2, 72, {3}}})
+    t.add("attention", fmt::format("{}x{} frames {} bidirectional", c.heads, c.hd, joined(c.lengths, ",")), kBf16,
+          [=](OpRun& r) {
+            std::vector<SeqRows> seqs;
+            std::vector<KvCacheView> caches;
+            std::vector<int32_t> slots, queries;
+            int64_t rows = 0;
+            for (int64_t n : c.lengths) {
+              seqs.push_back(SeqRows{rows, n, 0});
+              caches.push_back(zeroed_cache(r, n, c.heads, c.hd));
+              for (int64_t i = 0; i < n; ++i) slots.push_back(int32_t(i)), queries.push_back(int32_t(n - 1));
+              rows += n;
+            }
+            const Tensor q = r.random(Shape{rows, c.heads, c.hd}), k = r.random(Shape{rows, c.heads, c.hd}),
+                         v = r.random(Shape{rows, c.heads, c.hd});
+            const Tensor slot_pos = r.up_i32(r.ints(slots)), query_pos = r.up_i32(r.ints(queries));
+            const Tensor qd = r.up(q), kd = r.up(k), vd = r.up(v);
+            Tensor out = r.alloc(Shape{rows, c.heads, c.hd});
+            r.b.kv_write(KvWriteArgs{.k = kd, .v = vd, .positions = slot_pos, .seqs = seqs, .caches = caches});
+            r.b.attention(AttentionArgs{.q = qd,
+                                        .out = out,
+                                        .positions = query_pos,
+                                        .seqs = seqs,
+                                        .caches = caches,
+                                        .n_heads = c.heads,
+                                        .n_kv_heads = c.heads,
+                                        .head_dim = c.hd,
+                                        .scale = 0.125f});
+            return Outputs{output("out", r.host(out), r.act, std::max<int64_t>(c.hd, 80))};
+          });
 }
 
 // ---- recurrent: causal conv, gated delta ----

@@ -2,6 +2,7 @@
 // reference without use, or part of a tower or head that is set aside and reported), sidecar
 // files, the wrappers' own settings, the family registry, and named activations.
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -95,19 +96,30 @@ TEST(ReleaseForms, AnUnknownTensorIsAnErrorNamingIt) {
   EXPECT_EQ(model.error().message.find('\n'), std::string::npos);
 }
 
+// (A vision tower in optiq_vision.safetensors is read and used: test_qwen_vision.cpp.)
 TEST(ReleaseForms, SidecarFilesAreReadAndSetAside) {
   TempDir tmp;
   const auto dir = tmp.copy_fixture("qwen3_5_untied_mlx");
   ASSERT_TRUE(write_safetensors(dir + "/mtp.safetensors",
                                 {{"mtp.fc.weight", zeros(Shape{4, 8})}, {"mtp.norm.weight", zeros(Shape{4})}})
                   .ok());
-  ASSERT_TRUE(write_safetensors(dir + "/optiq_vision.safetensors",
-                                {{"vision_tower.blocks.0.attn.qkv.weight", zeros(Shape{4, 4})}})
-                  .ok());
   CpuBackend backend(1);
   auto model = load(dir, backend);
   ASSERT_TRUE(model.ok()) << model.error().message;
-  EXPECT_EQ(part_names(**model), (std::vector<std::string>{"MTP head", "vision encoder"}));
+  EXPECT_EQ(part_names(**model), (std::vector<std::string>{"MTP head"}));
+
+  // a vision sidecar that holds part of a tower is an error naming what is missing
+  auto config = read_json(dir + "/config.json");
+  config["vision_config"] = {{"depth", 1}, {"hidden_size", 4}, {"num_heads", 1}, {"out_hidden_size", 64}};
+  std::ofstream(dir + "/config.json", std::ios::trunc) << config.dump();
+  ASSERT_TRUE(write_safetensors(dir + "/optiq_vision.safetensors",
+                                {{"vision_tower.blocks.0.attn.qkv.weight", zeros(Shape{4, 4})}})
+                  .ok());
+  auto partial = load(dir, backend);
+  ASSERT_FALSE(partial.ok());
+  EXPECT_NE(partial.error().message.find("vision_tower.patch_embed.proj.weight"), std::string::npos)
+      << partial.error().message;
+  std::filesystem::remove(dir + "/optiq_vision.safetensors");
 
   // a sidecar whose header is broken is an error naming it, not a silent drop
   std::ofstream(dir + "/mtp.safetensors", std::ios::trunc) << "not a safetensors file";

@@ -35,10 +35,22 @@ RopeTable make_proportional_rope(Backend& backend, int head_dim, double theta, d
   return upload_table(backend, freqs, head_dim / 2);
 }
 
+namespace {
+
+// The positions a table's pairs read: the batch's rotary axes for a multimodal table.
+const Tensor& rope_positions(const BatchLayout& batch, const RopeTable& rope) {
+  return rope.pair_axis.defined() ? batch.rope_positions : batch.positions;
+}
+
+}  // namespace
+
 void apply_rope(Backend& backend, const BatchLayout& batch, const RopeTable& rope, Tensor& x) {
   if (rope.inv_freq.numel() == 0) return;
-  backend.rope(
-      RopeArgs{.x = x, .positions = batch.positions, .inv_freq = rope.inv_freq, .pair_offset = rope.pair_offset});
+  backend.rope(RopeArgs{.x = x,
+                        .positions = rope_positions(batch, rope),
+                        .inv_freq = rope.inv_freq,
+                        .pair_offset = rope.pair_offset,
+                        .pair_axis = rope.pair_axis});
 }
 
 namespace {
@@ -46,14 +58,15 @@ namespace {
 RopeArgs norm_rope_args(const BatchLayout& batch, const RopeTable& rope, const HeadNorm& norm, const Tensor& x,
                         const Tensor& input) {
   return RopeArgs{.x = x,
-                  .positions = batch.positions,
+                  .positions = rope_positions(batch, rope),
                   .inv_freq = rope.inv_freq,
                   .pair_offset = rope.pair_offset,
                   .normalize = true,
                   .input = input,
                   .norm_weight = norm.weight,
                   .norm_eps = norm.eps,
-                  .norm_offset = norm.offset};
+                  .norm_offset = norm.offset,
+                  .pair_axis = rope.pair_axis};
 }
 
 }  // namespace

@@ -10,10 +10,13 @@
 namespace kiln {
 
 // A layer type's rotary embedding: inv_freq [n_pairs] f32 on the backend; element i of a head
-// pairs with element i + pair_offset.
+// pairs with element i + pair_offset. With pair_axis ([n_pairs] i32 on the backend), pair i turns
+// by axis pair_axis[i] of the batch's rope_positions (multimodal RoPE); without, by the tokens'
+// positions.
 struct RopeTable {
   Tensor inv_freq;
   int pair_offset = 0;
+  Tensor pair_axis;
 };
 
 // Standard RoPE over the first `rotary_dim` elements of each head (rotate-half within them):

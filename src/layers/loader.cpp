@@ -36,6 +36,11 @@ Result<Tensor> WeightLoader::matrix(const std::string& name, const Shape& shape)
 }
 
 Result<Tensor> WeightLoader::quantized_matrix(const std::string& module, const Shape& shape) {
+  KILN_ASSIGN(Tensor host, quantized_host(module, shape));
+  return backend_.upload_quantized(host);
+}
+
+Result<Tensor> WeightLoader::quantized_host(const std::string& module, const Shape& shape) {
   const std::string weight = module + ".weight";
   const QuantizationConfig& config = store_.quantization();
   if (!config.present())
@@ -51,7 +56,7 @@ Result<Tensor> WeightLoader::quantized_matrix(const std::string& module, const S
                                                         .scales = store_.describe(module + ".scales"),
                                                         .biases = store_.describe(module + ".biases")},
                                   packed, scales, biases, shape, spec.bits, spec.group_size));
-  return backend_.upload_quantized(quant::make_quantized(packed, scales, biases, shape, spec.bits, spec.group_size));
+  return quant::make_quantized(packed, scales, biases, shape, spec.bits, spec.group_size);
 }
 
 Result<Tensor> WeightLoader::vector(const std::string& name, const Shape& shape) {
@@ -62,6 +67,20 @@ Result<Tensor> WeightLoader::vector(const std::string& name, const Shape& shape)
 Result<Tensor> WeightLoader::host_f32(const std::string& name, const Shape& shape) {
   KILN_ASSIGN(Tensor t, host(name, shape));
   return to_f32_host(t);
+}
+
+Result<Tensor> WeightLoader::host_matrix_f32(const std::string& name, const Shape& shape) {
+  const std::string suffix = ".weight";
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    const std::string module = name.substr(0, name.size() - suffix.size());
+    if (store_.has(module + ".scales") || store_.has(module + ".biases")) {
+      KILN_ASSIGN(Tensor q, quantized_host(module, shape));
+      Tensor out = host_tensor(DType::f32, shape);
+      quant::dequantize_rows(q, 0, out.numel() / shape[-1], out.data_as<float>());
+      return out;
+    }
+  }
+  return host_f32(name, shape);
 }
 
 }  // namespace kiln

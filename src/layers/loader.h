@@ -27,9 +27,12 @@ class WeightLoader {
   Result<Tensor> host(const std::string& name, const Shape& shape);
   // A host f32 copy, for load-time transforms.
   Result<Tensor> host_f32(const std::string& name, const Shape& shape);
+  // A host f32 copy of a matrix (or table), dequantized when the checkpoint stores it quantized.
+  Result<Tensor> host_matrix_f32(const std::string& name, const Shape& shape);
 
  private:
   Result<Tensor> quantized_matrix(const std::string& module, const Shape& shape);
+  Result<Tensor> quantized_host(const std::string& module, const Shape& shape);
 
   const WeightStore& store_;
   Backend& backend_;

@@ -9,8 +9,10 @@
 // registry's list. Adding a model_type alias: one entry in its family's `model_types`.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,8 +37,10 @@ struct ModelTypeEntry {
   std::vector<std::string> text_model_types;
 };
 
-// A part of a released checkpoint that kiln does not run yet. Its tensors are accepted, checked
-// for a valid header, set aside at load, and its presence reported in one line.
+// A part of a released checkpoint that kiln does not run yet, or runs only when the checkpoint holds
+// it (a vision tower that a text-only conversion dropped). Tensors the model leaves unread are
+// accepted, checked for a valid header, set aside at load, and their presence reported in one line;
+// a part the config describes but whose tensors are absent is reported too.
 struct SetAsidePart {
   std::string name;                      // "vision tower"
   std::vector<std::string> prefixes;     // canonical tensor-name prefixes, e.g. "vision_tower."
@@ -101,6 +105,14 @@ struct ModelFamily {
   std::vector<SetAsidePart> set_aside;
   QuantizePolicy quantize;
   ChatMarkup chat;
+
+  // For families whose rotary positions a prompt lays out itself (Qwen 3.5's multimodal RoPE): a
+  // whole prompt's positions, [axes × ids.size()] axis-major, from its ids and the patch grid of
+  // each of its images in order (ProcessedImage::grid); the engine hands each chunk its columns in
+  // SeqChunk::positions. Null for families whose positions are the token indices (Gemma 4).
+  std::function<Result<std::vector<int32_t>>(const ModelConfigFile&, std::span<const int32_t> ids,
+                                             std::span<const std::vector<int64_t>> image_grids)>
+      rope_positions;
 
   // The set-aside part a canonical tensor name belongs to by its prefix, or null.
   const SetAsidePart* part_of(const std::string& name) const {

@@ -4,6 +4,7 @@
 // to a part kiln sets aside and reports (towers, MTP heads); anything else is an error naming it.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 
 #include "io/config.h"
@@ -127,8 +128,14 @@ Result<std::vector<SetAsideFinding>> account_for_tensors(const ModelFamily& fami
     return make_error("tensor {} is not used by {} (a {} checkpoint holds no such tensor for this config.json)",
                       weights.describe(name), config.model_type, family.name);
   }
+  const std::vector<std::string> names = weights.names(), unused = weights.unused();
+  auto model_reads_part = [&](const SetAsidePart& p) {  // some of its tensors are in use
+    for (const auto& name : names)
+      if (family.part_of(name) == &p && !std::binary_search(unused.begin(), unused.end(), name)) return true;
+    return false;
+  };
   for (const auto& p : family.set_aside) {  // a part the config describes whose tensors are elsewhere
-    if (parts.count(p.name)) continue;
+    if (parts.count(p.name) || model_reads_part(p)) continue;
     for (const auto& key : p.config_keys)
       if (config.root.contains(key) && config.root[key].is_object()) {
         parts[p.name] = SetAsideFinding{.part = p.name, .not_yet = p.not_yet};

@@ -94,6 +94,13 @@ class Backend {
   // out = rms_norm(x) · weight · silu(z)  (Gated DeltaNet's output norm)
   virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) = 0;
   virtual void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) = 0;  // (a + b) · scale
+  // LayerNorm over the last dim: out = (x - mean) / sqrt(var + eps) · weight + bias, the mean and the
+  // (biased) variance in f32 or wider; no scale or shift where weight or bias (f32 [cols]) is
+  // undefined. x and out may be row-strided views.
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) = 0;
+  // out = act(x + bias): a linear layer's bias (f32 [cols], added to every row), then its activation.
+  // out may be x.
+  virtual void bias_act(const Tensor& x, const Tensor& bias, BiasActivation act, Tensor& out) = 0;
   // The residual update between blocks fused with the next block's input norm (see the args).
   virtual void residual_norm(const ResidualNormArgs& args) = 0;
   // args.block_out = x · wᵀ, then residual_norm(args): a block's output projection and the residual

@@ -12,6 +12,10 @@ namespace kiln {
 
 enum class Activation { silu, gelu_tanh };
 
+// What follows a linear layer's bias (Backend::bias_act): nothing, GELU's tanh approximation
+// (transformers' "gelu_pytorch_tanh"), or the exact GELU through erf (torch's nn.GELU()).
+enum class BiasActivation { none, gelu_tanh, gelu_erf };
+
 // The rows of a batch that belong to one sequence, and the position of the first in it.
 struct SeqRows {
   int64_t row_begin = 0;
@@ -38,8 +42,9 @@ struct KvWriteArgs {
 };
 
 // Causal attention of the batch's queries over their sequences' caches (already holding the
-// batch's own keys). A key at position j is visible to a query at position i when j <= i and,
-// with a window W > 0, i - j < W.
+// batch's own keys). A key at position j is visible to a query at position i = positions[row] when
+// j <= i and, with a window W > 0, i - j < W. Queries that all take their sequence's last position
+// see every key of it: bidirectional attention (a vision encoder's patches).
 struct AttentionArgs {
   Tensor q;          // [T, n_heads, head_dim]
   Tensor out;        // [T, n_heads, head_dim]
@@ -61,13 +66,17 @@ struct AttentionArgs {
 // Rotary embedding, rotate-half convention: element i (< n_pairs) of each head pairs with element
 // i + pair_offset and turns by position · inv_freq[i]; other elements pass through.
 //
+// With `pair_axis`, positions has several axes ([axes, T], axis-major) and pair i turns by its own
+// axis's position, positions[pair_axis[i], t]: multimodal RoPE, where frequencies follow a token's
+// time, row or column (Qwen 3.5's text model), or a patch's row or column (its vision encoder).
+//
 // With `normalize`, each head is first RMS-normalised and scaled by norm_weight + norm_offset (no
 // scale when norm_weight is undefined): the per-head q/k norms folded into the rotation. `input`,
 // when defined, is read instead of x (row-strided allowed) and x receives the result. An empty
 // inv_freq rotates nothing.
 struct RopeArgs {
   Tensor x;          // [T, n_heads, head_dim], rotated in place
-  Tensor positions;  // [T] i32
+  Tensor positions;  // [T] i32, or [axes, T] i32 with pair_axis
   Tensor inv_freq;   // [n_pairs] f32
   int pair_offset = 0;
   bool normalize = false;
@@ -75,6 +84,7 @@ struct RopeArgs {
   Tensor norm_weight;  // [head_dim] f32 or undefined
   float norm_eps = 1e-6f;
   float norm_offset = 0.0f;
+  Tensor pair_axis;  // [n_pairs] i32 or undefined: every pair follows positions [T]
 };
 
 // The keys and values a step adds to the caches, and its queries, in one op: q and k normalised

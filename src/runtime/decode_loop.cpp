@@ -17,6 +17,8 @@ Result<std::unique_ptr<DecodeLoop>> DecodeLoop::create(Model& model, std::vector
   // validates the tokens and puts ids and positions on the device, in buffers the graph keeps
   KILN_ASSIGN(loop->batch_, model.prepare(chunks));
   loop->positions_host_ = host_tensor(DType::i32, Shape{int64_t(sequences.size())});
+  if (loop->batch_.layout.rope_positions.defined())
+    loop->rope_positions_host_ = host_tensor(DType::i32, loop->batch_.layout.rope_positions.shape());
   Backend& backend = model.backend();
   const int64_t n = int64_t(sequences.size());
   if (top_k > 0) {
@@ -48,8 +50,13 @@ Status DecodeLoop::step() {
       return make_error("context full: {} tokens fill the context of {}", s->length(), s->max_context());
     layout.seqs[i].pos_begin = s->length();  // what a host-side replay reads
     positions_host_.data_as<int32_t>()[i] = int32_t(s->length());
+    // rotary positions continue from the prompt's last by the sequence's rope offset, on every axis
+    const int64_t n = positions_host_.numel();
+    for (int64_t a = 0; rope_positions_host_.defined() && a < rope_positions_host_.dim(0); ++a)
+      rope_positions_host_.data_as<int32_t>()[a * n + int64_t(i)] = int32_t(s->length() + s->rope_offset());
   }
   backend.copy(positions_host_, layout.positions);
+  if (rope_positions_host_.defined()) backend.copy(rope_positions_host_, layout.rope_positions);
   KILN_TRY(graph_->replay());
   for (SequenceState* s : layout.states) s->advance(1);
   return ok_status();

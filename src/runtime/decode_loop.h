@@ -49,6 +49,7 @@ class DecodeLoop {
   Model& model_;
   PreparedBatch batch_;
   Tensor positions_host_;
+  Tensor rope_positions_host_;  // [axes, sequences], for models that rotate by laid-out positions
   Tensor logits_;
   Tensor temperatures_, top_values_, top_ids_;  // the candidates' form (top_k >= 1)
   std::unique_ptr<Backend::Graph> graph_;

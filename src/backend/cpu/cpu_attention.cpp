@@ -14,19 +14,22 @@ void CpuBackend::rope(const RopeArgs& args) {
   Tensor x = args.x;
   if (args.normalize)
     rms_norm(args.input.defined() ? args.input : x, args.norm_weight, args.norm_eps, args.norm_offset, x);
-  const int64_t n_tokens = args.positions.numel();
+  // one axis of positions [T], or several [axes, T] that the pairs choose from
+  const int64_t n_tokens = args.pair_axis.defined() ? args.positions.cols() : args.positions.numel();
   const int64_t rows = x.rows();  // tokens × heads
   const int64_t heads = n_tokens ? rows / n_tokens : 0;
   const int64_t n_pairs = args.inv_freq.numel();
   const int32_t* pos = args.positions.data_as<int32_t>();
+  const int32_t* axis = args.pair_axis.defined() ? args.pair_axis.data_as<int32_t>() : nullptr;
   const float* inv_freq = args.inv_freq.data_as<float>();
   const int off = args.pair_offset;
   pool_.parallel_for(n_tokens, [&](int64_t begin, int64_t end) {
     std::vector<float> cos_t(static_cast<size_t>(n_pairs)), sin_t(static_cast<size_t>(n_pairs));
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i = 0; i < n_pairs; ++i) {
+        const int32_t p = axis ? pos[int64_t(axis[i]) * n_tokens + t] : pos[t];
         // the angle is formed in f32 like the reference; its cosine and sine are then exact
-        const float angle = float(pos[t]) * inv_freq[i];
+        const float angle = float(p) * inv_freq[i];
         cos_t[size_t(i)] = float(std::cos(double(angle)));
         sin_t[size_t(i)] = float(std::sin(double(angle)));
       }
@@ -89,7 +92,8 @@ void CpuBackend::attention(const AttentionArgs& args) {
       const int64_t h = task % args.n_heads;
       const SeqRows& seq = args.seqs[tk.seq];
       const KvCacheView& cache = args.caches[tk.seq];
-      const int64_t qpos = seq.pos_begin + (tk.row - seq.row_begin);
+      const int64_t qpos = args.positions.defined() ? int64_t(args.positions.data_as<int32_t>()[tk.row])
+                                                    : seq.pos_begin + (tk.row - seq.row_begin);
       // slots beyond the highest position written so far are still empty
       const int64_t n_slots = std::min<int64_t>(cache.capacity, seq.pos_begin + seq.n_rows);
       const int32_t* slot_pos = cache.slot_pos.data_as<int32_t>();

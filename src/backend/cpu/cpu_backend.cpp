@@ -29,6 +29,7 @@ int64_t grain_for(int64_t cols) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
 }
 
+using cpu::gelu_erf;
 using cpu::gelu_tanh;
 using cpu::sigmoid;
 using cpu::silu;
@@ -260,6 +261,56 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, float scale, Tensor& out)
             for (int64_t c = 0; c < cols; ++c) o[c] = pa[c] + pb[c];
           } else {
             for (int64_t c = 0; c < cols; ++c) o[c] = (pa[c] + pb[c]) * scale;
+          }
+        }
+      },
+      grain_for(cols));
+  finish(out);
+}
+
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) {
+  OpTimer timed(this, "layer_norm");
+  const int64_t cols = x.cols();
+  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
+  const float* b = bias.defined() ? bias.data_as<float>() : nullptr;
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          float* o = row_ptr(out, r);
+          double sum = 0;
+          for (int64_t c = 0; c < cols; ++c) sum += in[c];
+          const double mean = sum / double(cols);
+          double squares = 0;  // two passes: the variance of the centred values
+          for (int64_t c = 0; c < cols; ++c) squares += (in[c] - mean) * (in[c] - mean);
+          const float inv = float(1.0 / std::sqrt(squares / double(cols) + double(eps)));
+          const float m = float(mean);
+          for (int64_t c = 0; c < cols; ++c) {
+            float v = (in[c] - m) * inv;
+            if (w) v *= w[c];
+            if (b) v += b[c];
+            o[c] = v;
+          }
+        }
+      },
+      grain_for(cols));
+  finish(out);
+}
+
+void CpuBackend::bias_act(const Tensor& x, const Tensor& bias, BiasActivation act, Tensor& out) {
+  OpTimer timed(this, "bias_act");
+  const int64_t cols = x.cols();
+  const float* b = bias.data_as<float>();
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          float* o = row_ptr(out, r);
+          for (int64_t c = 0; c < cols; ++c) {
+            const float v = in[c] + b[c];
+            o[c] = act == BiasActivation::gelu_tanh ? gelu_tanh(v) : act == BiasActivation::gelu_erf ? gelu_erf(v) : v;
           }
         }
       },

@@ -43,6 +43,8 @@ class CpuBackend final : public Backend {
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) override;
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) override;
+  void bias_act(const Tensor& x, const Tensor& bias, BiasActivation act, Tensor& out) override;
   void residual_norm(const ResidualNormArgs& args) override;
   void scale(const Tensor& x, float s, Tensor& out) override;
   void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;

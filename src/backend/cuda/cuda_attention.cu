@@ -34,17 +34,36 @@ SeqTable make_table(const std::vector<SeqRows>& seqs, const std::vector<KvCacheV
 
 namespace {
 
+// Where a token's pairs read their positions: positions[t] for all of them, or, with pair_axis
+// (multimodal RoPE), pair i reads positions[pair_axis[i] · tokens + t].
+struct RopePositions {
+  const int32_t* positions;
+  const int32_t* pair_axis;  // null: one axis
+  int64_t tokens;
+
+  // The position pair i of token t turns by.
+  __device__ __forceinline__ float at(int64_t t, int i) const {
+    return float(pair_axis ? positions[int64_t(pair_axis[i]) * tokens + t] : positions[t]);
+  }
+};
+
+RopePositions rope_positions(const RopeArgs& args) {
+  const bool axes = args.pair_axis.defined();
+  return RopePositions{args.positions.data_as<int32_t>(), axes ? args.pair_axis.data_as<int32_t>() : nullptr,
+                       axes ? args.positions.cols() : args.positions.numel()};
+}
+
 template <typename T>
-__global__ void rope_kernel(Rows<T> x, const int32_t* positions, const float* inv_freq, int heads, int n_pairs,
+__global__ void rope_kernel(Rows<T> x, RopePositions positions, const float* inv_freq, int heads, int n_pairs,
                             int offset, int64_t rows) {
   wait_for_inputs();
   const int64_t r = blockIdx.x;
   if (r >= rows) return;
-  const float pos = float(positions[r / heads]);
+  const int64_t token = r / heads;
   T* p = x.row(r);
   for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
     float s, c;
-    sincosf(pos * inv_freq[i], &s, &c);  // the angle in f32, as the reference forms it
+    sincosf(positions.at(token, i) * inv_freq[i], &s, &c);  // the angle in f32, as the reference forms it
     const float a = to_float(p[i]), b = to_float(p[i + offset]);
     p[i] = from_float<T>(a * c - b * s);
     p[i + offset] = from_float<T>(b * c + a * s);
@@ -57,11 +76,12 @@ constexpr int kNormRopeWarps = 8;
 constexpr int kNormRopeMaxDim = 512;
 
 // One head row: staged in `row` (shared), normalised (scaled by weight + weight_offset when weight is
-// given), rotated at position pos, stored to dst. A warp's lanes take its columns.
+// given), rotated at token `token`'s positions, stored to dst. A warp's lanes take its columns.
 template <typename T, typename S>
 __device__ __forceinline__ void norm_rope_row(const S* src, T* dst, float* row, int lane, int head_dim,
-                                              const float* weight, float eps, float weight_offset, float pos,
-                                              const float* inv_freq, int n_pairs, int offset) {
+                                              const float* weight, float eps, float weight_offset,
+                                              const RopePositions& pos, int64_t token, const float* inv_freq,
+                                              int n_pairs, int offset) {
   float sum = 0;
   for (int c = lane; c < head_dim; c += 32) {
     const float v = to_float(src[c]);
@@ -75,11 +95,11 @@ __device__ __forceinline__ void norm_rope_row(const S* src, T* dst, float* row, 
     float v = row[c];
     if (c < n_pairs) {
       float s, co;
-      sincosf(pos * inv_freq[c], &s, &co);
+      sincosf(pos.at(token, c) * inv_freq[c], &s, &co);
       v = row[c] * co - row[c + offset] * s;
     } else if (c >= offset && c < offset + n_pairs) {
       float s, co;
-      sincosf(pos * inv_freq[c - offset], &s, &co);
+      sincosf(pos.at(token, c - offset) * inv_freq[c - offset], &s, &co);
       v = row[c] * co + row[c - offset] * s;
     }
     dst[c] = from_float<T>(v);
@@ -87,16 +107,16 @@ __device__ __forceinline__ void norm_rope_row(const S* src, T* dst, float* row, 
 }
 
 template <typename T>
-__global__ void norm_rope_kernel(Rows<T> x, Rows<const T> in, const int32_t* positions, const float* inv_freq,
-                                 int heads, int n_pairs, int offset, int64_t rows, int head_dim, const float* weight,
-                                 float eps, float weight_offset) {
+__global__ void norm_rope_kernel(Rows<T> x, Rows<const T> in, RopePositions positions, const float* inv_freq, int heads,
+                                 int n_pairs, int offset, int64_t rows, int head_dim, const float* weight, float eps,
+                                 float weight_offset) {
   wait_for_inputs();
   __shared__ float staged[kNormRopeWarps][kNormRopeMaxDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kNormRopeWarps + warp;
   if (r >= rows) return;
-  norm_rope_row(in.row(r), x.row(r), staged[warp], lane, head_dim, weight, eps, weight_offset,
-                float(positions[r / heads]), inv_freq, n_pairs, offset);
+  norm_rope_row(in.row(r), x.row(r), staged[warp], lane, head_dim, weight, eps, weight_offset, positions, r / heads,
+                inv_freq, n_pairs, offset);
 }
 
 // A step's attention inputs in one launch (AttentionInputsArgs): a warp per query head row, then
@@ -110,8 +130,11 @@ struct HeadRows {
   float eps, weight_offset;
   const float* inv_freq;
   int n_pairs, offset;
+  RopePositions positions;
 };
 
+// `positions`: each token's position in its sequence (its cache slot); the rotations read theirs
+// from q.positions and k.positions, which may have several axes.
 __global__ void attention_inputs_kernel(HeadRows q, HeadRows k, Rows<bf16> v, Rows<const bf16> v_in, bool v_norm,
                                         float v_eps, SeqTable table, const int32_t* positions, int q_heads,
                                         int kv_heads, int head_dim, int64_t tokens) {
@@ -122,7 +145,7 @@ __global__ void attention_inputs_kernel(HeadRows q, HeadRows k, Rows<bf16> v, Ro
   const int64_t q_rows = tokens * q_heads;
   if (unit < q_rows) {
     norm_rope_row(q.in.row(unit), q.out.row(unit), staged[warp][0], lane, head_dim, q.weight, q.eps, q.weight_offset,
-                  float(positions[unit / q_heads]), q.inv_freq, q.n_pairs, q.offset);
+                  q.positions, unit / q_heads, q.inv_freq, q.n_pairs, q.offset);
     return;
   }
   const int64_t r = unit - q_rows;  // row of k and v: token r / kv_heads, head r % kv_heads
@@ -140,7 +163,7 @@ __global__ void attention_inputs_kernel(HeadRows q, HeadRows k, Rows<bf16> v, Ro
   __syncwarp();
   const int32_t pos = positions[token];
   norm_rope_row(k.in.row(r), k.out.row(r), staged[warp][0], lane, head_dim, k.weight, k.eps, k.weight_offset,
-                float(pos), k.inv_freq, k.n_pairs, k.offset);
+                k.positions, token, k.inv_freq, k.n_pairs, k.offset);
   for (int c = lane; c < head_dim; c += 32) v.row(r)[c] = from_float<bf16>(v_norm ? vrow[c] * v_scale : vrow[c]);
   __syncwarp();
   const SeqDesc& s = table.seq[find_seq(table, token)];
@@ -396,7 +419,8 @@ bool attention_supported(int head_dim, int group) {
 }
 
 void rope(const RopeArgs& args, cudaStream_t stream) {
-  const int64_t rows = args.x.rows(), tokens = args.positions.numel();
+  const RopePositions positions = rope_positions(args);
+  const int64_t rows = args.x.rows(), tokens = positions.tokens;
   if (rows == 0) return;
   const int heads = int(rows / tokens);
   const float* norm_w = args.norm_weight.defined() ? args.norm_weight.data_as<float>() : nullptr;
@@ -405,9 +429,9 @@ void rope(const RopeArgs& args, cudaStream_t stream) {
     dispatch_float(args.x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       launch(norm_rope_kernel<T>, ceil_div(rows, kNormRopeWarps), kNormRopeWarps * 32, 0, stream, rows_of<T>(args.x),
-             rows_of<const T>(in), args.positions.data_as<int32_t>(),
-             args.inv_freq.numel() ? args.inv_freq.data_as<float>() : nullptr, heads, int(args.inv_freq.numel()),
-             args.pair_offset, rows, int(args.x.cols()), norm_w, args.norm_eps, args.norm_offset);
+             rows_of<const T>(in), positions, args.inv_freq.numel() ? args.inv_freq.data_as<float>() : nullptr, heads,
+             int(args.inv_freq.numel()), args.pair_offset, rows, int(args.x.cols()), norm_w, args.norm_eps,
+             args.norm_offset);
     });
     return;
   }
@@ -418,8 +442,8 @@ void rope(const RopeArgs& args, cudaStream_t stream) {
   if (args.inv_freq.numel() == 0) return;
   dispatch_float(args.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch(rope_kernel<T>, int(rows), 64, 0, stream, rows_of<T>(args.x), args.positions.data_as<int32_t>(),
-           args.inv_freq.data_as<float>(), heads, int(args.inv_freq.numel()), args.pair_offset, rows);
+    launch(rope_kernel<T>, int(rows), 64, 0, stream, rows_of<T>(args.x), positions, args.inv_freq.data_as<float>(),
+           heads, int(args.inv_freq.numel()), args.pair_offset, rows);
   });
 }
 
@@ -437,7 +461,7 @@ void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
 
 bool attention_inputs(const AttentionInputsArgs& args, cudaStream_t stream) {
   const RopeArgs &q = args.q, &k = args.k;
-  const int64_t tokens = q.positions.numel(), head_dim = q.x.cols();
+  const int64_t tokens = args.kv.positions.numel(), head_dim = q.x.cols();
   if (tokens == 0 || !q.normalize || !k.normalize || head_dim > kNormRopeMaxDim || k.x.cols() != head_dim ||
       args.v.cols() != head_dim || args.kv.seqs.empty() || args.kv.seqs.size() > size_t(kMaxSeqs) ||
       q.inv_freq.numel() != k.inv_freq.numel() || q.pair_offset != k.pair_offset)
@@ -456,14 +480,15 @@ bool attention_inputs(const AttentionInputsArgs& args, cudaStream_t stream) {
                     r.norm_offset,
                     r.inv_freq.numel() ? r.inv_freq.data_as<float>() : nullptr,
                     int(r.inv_freq.numel()),
-                    r.pair_offset};
+                    r.pair_offset,
+                    rope_positions(r)};
   };
   const Tensor& v_in = args.v_input.defined() ? args.v_input : args.v;
   const SeqTable table = make_table(args.kv.seqs, args.kv.caches, 0);
   const int64_t units = tokens * (q_heads + kv_heads);
   launch(attention_inputs_kernel, ceil_div(units, kNormRopeWarps), kNormRopeWarps * 32, 0, stream, head_rows(q),
          head_rows(k), rows_of<bf16>(args.v), rows_of<const bf16>(v_in), args.v_input.defined(), args.v_norm_eps, table,
-         q.positions.data_as<int32_t>(), int(q_heads), int(kv_heads), int(head_dim), tokens);
+         args.kv.positions.data_as<int32_t>(), int(q_heads), int(kv_heads), int(head_dim), tokens);
   return true;
 }
 

@@ -457,6 +457,16 @@ class CudaBackend final : public Backend {
     cuda::add(a, b, scale, out, stream_);
     after_launch("add");
   }
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) override {
+    OpTimer timed(this, "layer_norm");
+    cuda::layer_norm(x, weight, bias, eps, out, stream_);
+    after_launch("layer_norm");
+  }
+  void bias_act(const Tensor& x, const Tensor& bias, BiasActivation act, Tensor& out) override {
+    OpTimer timed(this, "bias_act");
+    cuda::bias_act(x, bias, act, out, stream_);
+    after_launch("bias_act");
+  }
   void residual_norm(const ResidualNormArgs& args) override {
     if (args.residual.cols() > cuda::kMaxResidualNormCols) {  // wider than any released model: the plain ops
       Tensor residual = args.residual, block = args.block_out;

@@ -233,6 +233,44 @@ __global__ void __launch_bounds__(kRowThreads) residual_norm_rows_kernel(Residua
   residual_norm_row<kChunks>(a, blockIdx.x, scratch);
 }
 
+// LayerNorm: a block per row, the mean and then the variance of the centred values (two passes
+// over the row, as the CPU reference), in f32.
+template <typename T>
+__global__ void layer_norm_kernel(Rows<const T> x, const float* weight, const float* bias, Rows<T> out, int64_t cols,
+                                  float eps) {
+  wait_for_inputs();
+  const int64_t r = blockIdx.x;
+  const T* in = x.row(r);
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += to_float(in[c]);
+  const float mean = block_sum(sum) / float(cols);
+  float squares = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = to_float(in[c]) - mean;
+    squares += d * d;
+  }
+  const float inv = rsqrtf(block_sum(squares) / float(cols) + eps);
+  T* o = out.row(r);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = (to_float(in[c]) - mean) * inv;
+    if (weight) v *= weight[c];
+    if (bias) v += bias[c];
+    o[c] = from_float<T>(v);
+  }
+}
+
+template <typename T, BiasActivation kAct>
+__global__ void bias_act_kernel(Rows<const T> x, const float* bias, Rows<T> out, int64_t rows, int64_t cols) {
+  wait_for_inputs();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  float v = to_float(x.row(r)[c]) + bias[c];
+  if constexpr (kAct == BiasActivation::gelu_tanh) v = gelu_tanh(v);
+  if constexpr (kAct == BiasActivation::gelu_erf) v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  out.row(r)[c] = from_float<T>(v);
+}
+
 enum class Binary { add, glu_silu, glu_gelu, sigmoid_mul };
 
 template <typename T, Binary kOp>
@@ -472,6 +510,39 @@ void binary(const Tensor& a, const Tensor& b, Tensor& out, float scale, cudaStre
 
 void add(const Tensor& a, const Tensor& b, float scale, Tensor& out, cudaStream_t stream) {
   binary<Binary::add>(a, b, out, scale, stream);
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out,
+                cudaStream_t stream) {
+  assert((!weight.defined() || weight.dtype() == DType::f32) && (!bias.defined() || bias.dtype() == DType::f32));
+  const int64_t rows = x.rows();
+  if (rows == 0) return;
+  const int threads = int(std::min<int64_t>(256, (x.cols() + 31) / 32 * 32));
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch(layer_norm_kernel<T>, int(rows), threads, 0, stream, rows_of<const T>(x),
+           weight.defined() ? weight.data_as<float>() : nullptr, bias.defined() ? bias.data_as<float>() : nullptr,
+           rows_of<T>(out), x.cols(), eps);
+  });
+}
+
+void bias_act(const Tensor& x, const Tensor& bias, BiasActivation act, Tensor& out, cudaStream_t stream) {
+  assert(bias.dtype() == DType::f32 && bias.numel() == x.cols());
+  const int64_t n = x.rows() * x.cols();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto run = [&](auto kernel) {
+      launch(kernel, grid_for(n), 256, 0, stream, rows_of<const T>(x), bias.data_as<float>(), rows_of<T>(out), x.rows(),
+             x.cols());
+    };
+    if (act == BiasActivation::gelu_tanh)
+      run(bias_act_kernel<T, BiasActivation::gelu_tanh>);
+    else if (act == BiasActivation::gelu_erf)
+      run(bias_act_kernel<T, BiasActivation::gelu_erf>);
+    else
+      run(bias_act_kernel<T, BiasActivation::none>);
+  });
 }
 
 void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out, cudaStream_t stream) {

@@ -37,6 +37,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_off
 void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out,
                     cudaStream_t stream);
 void add(const Tensor& a, const Tensor& b, float scale, Tensor& out, cudaStream_t stream);
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out, cudaStream_t stream);
+void bias_act(const Tensor& x, const Tensor& bias, BiasActivation act, Tensor& out, cudaStream_t stream);
 // rows of at most kMaxResidualNormCols columns
 constexpr int64_t kMaxResidualNormCols = 16384;
 void residual_norm(const ResidualNormArgs& args, cudaStream_t stream);

@@ -5,6 +5,7 @@
 #include "models/family.h"
 #include "models/mlx_layout.h"
 #include "models/qwen3_5/image_processor.h"
+#include "models/qwen3_5/mrope.h"
 #include "models/qwen3_5/qwen3_5.h"
 #include "models/qwen3_5/towers.h"
 
@@ -119,16 +120,26 @@ ModelFamily make_qwen3_5_family() {
     return c.ok() && c->tie_word_embeddings;
   };
   f.image_processor = load_qwen3_5_image_processor;
+  // The vision encoder runs when the checkpoint holds it (the model reads every one of its tensors);
+  // the entry reports a config that describes a tower whose weights a conversion dropped, and names
+  // the sidecar an mlx conversion keeps it in.
   f.set_aside = {
       {.name = "vision encoder",
        .prefixes = {"visual.", "vision_tower."},
        .config_keys = {"vision_config"},
        .sidecars = {"optiq_vision.safetensors"},
-       .not_yet = "images not supported yet"},
+       .not_yet = "its weights are not in the checkpoint: images cannot be encoded"},
       {.name = "MTP head",
        .prefixes = {"mtp."},
        .sidecars = {"mtp.safetensors"},
        .not_yet = "speculative decoding not supported yet"},
+  };
+  f.rope_positions = [](const ModelConfigFile& file, std::span<const int32_t> ids,
+                        std::span<const std::vector<int64_t>> grids) -> Result<std::vector<int32_t>> {
+    KILN_ASSIGN(Qwen35ImageConfig images, parse_qwen3_5_image_config(file));
+    return qwen3_5_rope_positions(ids, grids,
+                                  Qwen35PromptTokens{.image_token_id = images.image_token_id,
+                                                     .spatial_merge_size = images.vision.spatial_merge_size});
   };
   f.quantize.mlx_layout = qwen3_5_mlx_layout;
   f.quantize.eight_bit = [](const ModelConfigFile& file, const std::string& module) {

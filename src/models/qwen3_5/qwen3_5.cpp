@@ -1,16 +1,19 @@
 // Qwen 3.5 text decoder. Read against transformers' modeling_qwen3_5.py / modeling_qwen3_5_moe.py
-// (Qwen3_5TextModel) and mlx-lm's qwen3_5.py.
+// (Qwen3_5TextModel, Qwen3_5Model) and mlx-lm's qwen3_5.py.
 #include "models/qwen3_5/qwen3_5.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <optional>
 
 #include "layers/attention.h"
 #include "layers/gated_delta_net.h"
 #include "layers/loader.h"
 #include "layers/mlp.h"
 #include "models/batch_prep.h"
+#include "models/qwen3_5/mrope.h"
 
 namespace kiln {
 
@@ -63,6 +66,7 @@ Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file) {
     ConfigReader rp(file.text["rope_parameters"], file.path + " rope_parameters");
     c.rope_theta = rp.get_float("rope_theta", c.rope_theta);
     c.partial_rotary_factor = rp.get_float("partial_rotary_factor", c.partial_rotary_factor);
+    if (rp.has("mrope_section")) c.mrope_section = rp.get_ints("mrope_section");
     std::string type = rp.get_string("rope_type", rp.get_string("type", "default"));
     if (type != "default" && type != "mrope") rp.fail("rope_type '" + type + "' is not supported (default)");
     KILN_TRY(rp.status());
@@ -107,6 +111,22 @@ Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file) {
     return make_error("{}: rope_theta {} must be positive", file.path, c.rope_theta);
   if (!(c.rms_norm_eps > 0.0) || !std::isfinite(c.rms_norm_eps))
     return make_error("{}: rms_norm_eps {} must be positive", file.path, c.rms_norm_eps);
+  if (c.mrope_section.size() != 3 ||
+      std::any_of(c.mrope_section.begin(), c.mrope_section.end(), [](int64_t v) { return v < 0; }))
+    return make_error("{}: rope_parameters.mrope_section must be three pair counts (time, row, column)", file.path);
+  return c;
+}
+
+Result<Qwen35ImageConfig> parse_qwen3_5_image_config(const ModelConfigFile& file) {
+  Qwen35ImageConfig c;
+  const bool has_vision = file.root.contains("vision_config") && !file.root["vision_config"].is_null();
+  c.described = file.wrapped || has_vision;
+  if (!c.described) return c;
+  KILN_ASSIGN(c.vision, parse_qwen3_5_vision_config(has_vision ? file.root["vision_config"] : nlohmann::json(),
+                                                    file.path + " vision_config"));
+  ConfigReader top(file.root, file.path);
+  c.image_token_id = int32_t(top.get_int("image_token_id", c.image_token_id));
+  KILN_TRY(top.status());
   return c;
 }
 
@@ -191,8 +211,8 @@ struct Qwen35Layer {
 
 class Qwen35Model final : public Model {
  public:
-  Qwen35Model(Qwen35Config config, Backend& backend, const ModelOptions& options)
-      : config_(std::move(config)), backend_(backend), options_(options) {}
+  Qwen35Model(Qwen35Config config, Qwen35ImageConfig images, Backend& backend, const ModelOptions& options)
+      : config_(std::move(config)), images_(std::move(images)), backend_(backend), options_(options) {}
 
   Status load(const WeightStore& store, const std::string& model_type);
 
@@ -202,17 +222,26 @@ class Qwen35Model final : public Model {
   Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) override;
   size_t decode_bytes(int64_t context, int64_t batch) const override;
   double prefill_flops(int64_t tokens) const override;
+  Result<Tensor> encode_image(const ProcessedImage& image) override;
 
  protected:
   Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) override;
+  // Every layer rotates by three position axes (MRoPE), and image rows come in the text's width.
+  BatchNeeds batch_needs() const override { return {.rope_axes = 3, .hidden = config_.hidden_size}; }
 
  private:
   // Each block ends with the residual update `then` that reads its output.
   void attention_block(const BatchLayout& batch, int64_t l, const Tensor& x, const ResidualNormArgs& then);
   void feed_forward_block(int64_t l, const Tensor& x, const ResidualNormArgs& then);
   Tensor norm(const Tensor& x, const Tensor& weight);
+  // The vision encoder, when the checkpoint holds its tensors (under transformers' "visual." or
+  // mlx-vlm's "vision_tower."); otherwise why images cannot be encoded.
+  Status load_vision(WeightLoader& w);
 
   Qwen35Config config_;
+  Qwen35ImageConfig images_;
+  std::optional<Qwen35VisionEncoder> vision_;
+  std::string no_vision_;
   Backend& backend_;
   ModelOptions options_;
   ModelInfo info_;
@@ -286,8 +315,14 @@ Status Qwen35Model::load(const WeightStore& store, const std::string& model_type
     }
     layers_.push_back(std::move(layer));
   }
-  // partial RoPE: rotate-half within the first partial_rotary_factor share of each head
+  // partial RoPE: rotate-half within the first partial_rotary_factor share of each head; each pair
+  // follows the time, row or column position of the interleaved MRoPE layout
   rope_ = make_rope(backend_, int(double(hd) * c.partial_rotary_factor), c.rope_theta);
+  const std::vector<int32_t> axes = qwen3_5_mrope_pair_axes(rope_.inv_freq.numel(), c.mrope_section);
+  Tensor axes_host = host_tensor(DType::i32, Shape{int64_t(axes.size())});
+  std::copy(axes.begin(), axes.end(), axes_host.data_as<int32_t>());
+  rope_.pair_axis = backend_.upload(axes_host, DType::i32);
+  KILN_TRY(load_vision(w));
 
   info_ = ModelInfo{.family = "qwen3_5",
                     .model_type = model_type,
@@ -297,6 +332,45 @@ Status Qwen35Model::load(const WeightStore& store, const std::string& model_type
                     .max_position_embeddings = c.max_position_embeddings,
                     .weight_bytes = store.used_bytes()};
   return ok_status();
+}
+
+Status Qwen35Model::load_vision(WeightLoader& w) {
+  const WeightStore& store = w.store();
+  std::string prefix;
+  for (const char* p : {"visual.", "vision_tower."})
+    for (const auto& name : store.names())
+      if (name.rfind(p, 0) == 0) {
+        if (!prefix.empty() && prefix != p)
+          return make_error("the checkpoint holds vision tensors under both 'visual.' and 'vision_tower.' ({})",
+                            store.describe(name));
+        prefix = p;
+        break;
+      }
+  if (prefix.empty()) {
+    no_vision_ = images_.described ? "the checkpoint holds no vision encoder weights (model.visual.*, or mlx-vlm's "
+                                     "vision_tower.* in the model files or optiq_vision.safetensors)"
+                                   : "a text-only Qwen 3.5 checkpoint (no vision_config, no vision encoder weights)";
+    if (images_.described) spdlog::info("qwen3_5: {}; images cannot be encoded", no_vision_);
+    return ok_status();
+  }
+  KILN_ASSIGN(Qwen35VisionEncoder encoder, Qwen35VisionEncoder::load(images_.vision, w, prefix, config_.hidden_size));
+  vision_ = std::move(encoder);
+  spdlog::info("qwen3_5: vision encoder under '{}': {} blocks of width {}, {}x{} patches merged {}x{}", prefix,
+               images_.vision.depth, images_.vision.hidden_size, images_.vision.patch_size, images_.vision.patch_size,
+               images_.vision.spatial_merge_size, images_.vision.spatial_merge_size);
+  return ok_status();
+}
+
+Result<Tensor> Qwen35Model::encode_image(const ProcessedImage& image) {
+  if (!vision_) return make_error("{}: cannot encode images: {}", info_.model_type, no_vision_);
+  try {
+    KILN_ASSIGN(Tensor rows,
+                vision_->encode(backend_, image, [this](const std::string& name, const Tensor& t) { dump(name, t); }));
+    KILN_TRY(backend_.status());
+    return rows;
+  } catch (const std::exception& e) {  // allocation failures surface here as exceptions
+    return make_error("encoding an image failed: {}", e.what());
+  }
 }
 
 Result<std::unique_ptr<SequenceState>> Qwen35Model::new_sequence(int64_t max_context) {
@@ -463,6 +537,7 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 
   Tensor h = backend_.alloc(backend_.activation_dtype(), Shape{T, H});
   backend_.embed(prepared.ids, embed_tokens, 1.0f, h);
+  place_soft_tokens(backend_, batch, h);  // image placeholders embed as the image's soft tokens
   dump("embed_tokens", h);
   const int64_t L = config_.num_hidden_layers;
   const float eps = float(config_.rms_norm_eps);
@@ -511,7 +586,8 @@ Result<Tensor> Qwen35Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 Result<std::unique_ptr<Model>> load_qwen3_5(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
                                             const ModelOptions& options) {
   KILN_ASSIGN(Qwen35Config config, parse_qwen3_5_config(file));
-  auto model = std::make_unique<Qwen35Model>(std::move(config), backend, options);
+  KILN_ASSIGN(Qwen35ImageConfig images, parse_qwen3_5_image_config(file));
+  auto model = std::make_unique<Qwen35Model>(std::move(config), std::move(images), backend, options);
   KILN_TRY(model->load(weights, file.model_type));
   return std::unique_ptr<Model>(std::move(model));
 }

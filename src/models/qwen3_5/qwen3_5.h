@@ -1,9 +1,10 @@
-// Qwen 3.5 text decoder: the hybrid of Gated DeltaNet (linear attention with a recurrent state)
-// and gated full attention, dense and mixture-of-experts (qwen3_5, qwen3_5_text, qwen3_5_moe,
-// qwen3_5_moe_text), in transformers' and mlx-lm's layouts and norm conventions.
+// Qwen 3.5: the hybrid of Gated DeltaNet (linear attention with a recurrent state) and gated full
+// attention, dense and mixture-of-experts (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text), in
+// transformers' and mlx-lm's layouts and norm conventions; with the release wrappers' vision
+// encoder (vision.h) when the checkpoint holds it, whose soft tokens the text model embeds in place
+// of the image placeholders, and the multimodal RoPE that places them (mrope.h).
 //
-// Leaves out: the vision tower, MRoPE's image/video position streams (text positions make all
-// three streams equal, which is plain RoPE), the MTP head.
+// Leaves out: the MTP head, videos.
 #pragma once
 
 #include <string>
@@ -12,6 +13,7 @@
 #include "io/config.h"
 #include "io/weights.h"
 #include "models/model.h"
+#include "models/qwen3_5/vision.h"
 
 namespace kiln {
 
@@ -33,6 +35,8 @@ struct Qwen35Config {
   int64_t linear_num_value_heads = 32;
   double rope_theta = 1e7;
   double partial_rotary_factor = 0.25;
+  // rotary pairs per position axis (time, row, column), interleaved (rope_parameters.mrope_section)
+  std::vector<int64_t> mrope_section = {11, 11, 10};
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 0;
   // MoE (num_experts > 0)
@@ -44,6 +48,16 @@ struct Qwen35Config {
 };
 
 Result<Qwen35Config> parse_qwen3_5_config(const ModelConfigFile& file);
+
+// What a release wrapper's config.json says of images beside the text model: its vision_config
+// (defaults where keys are absent, as transformers fills them) and the placeholder token. Flat text
+// configs (qwen3_5_text, qwen3_5_moe_text) have none.
+struct Qwen35ImageConfig {
+  bool described = false;  // a wrapper config, or one with a vision_config
+  Qwen35VisionConfig vision;
+  int32_t image_token_id = 248056;
+};
+Result<Qwen35ImageConfig> parse_qwen3_5_image_config(const ModelConfigFile& file);
 
 std::vector<CheckpointTensor> qwen3_5_checkpoint_tensors(const Qwen35Config& config);
 

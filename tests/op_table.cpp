@@ -3,9 +3,10 @@
 // the backend under test.
 //
 // Ops covered: matmul (dense f32 and bf16, quantized at 2-8 bits and groups of 32-128), matmul_many,
-// glu_matmul, matmul_residual_norm, embed (dense and quantized), rms_norm, rms_norm_gated, add,
-// residual_norm, scale, glu, sigmoid_mul, add_sigmoid_gated, softcap, argmax, top_k, rope (plain and
-// with the per-head norm), kv_write, attention_inputs, attention, causal_conv1d, gated_delta,
+// glu_matmul, matmul_residual_norm, embed (dense and quantized), gather_sum, rms_norm, rms_norm_gated,
+// layer_norm, add, residual_norm, scale, glu, sigmoid_mul, add_sigmoid_gated, softcap, clamp,
+// column_affine, argmax, top_k, rope (plain and with the per-head norm), kv_write, attention_inputs,
+// attention (causal, windowed, with bidirectional blocks), causal_conv1d, gated_delta,
 // moe_route and moe_experts (dense and quantized). Each in f32 and bf16 where the CUDA backend takes
 // both; in bf16 alone where its kernels take bf16 alone (kv_write, attention_inputs, attention,
 // gated_delta, and the inputs of moe_experts and of quantized products, whose outputs may be f32).
@@ -115,7 +116,36 @@ void elementwise(Table& t) {
         r.b.softcap(x, 30.0f);
         return Outputs{output("x", r.host(x), r.act)};
       });
+      // a clippable linear's bounds: both, one side open, and none
+      for (const auto [lo, hi] : {std::pair{-0.75f, 1.25f}, std::pair{-INFINITY, 0.5f}, std::pair{-INFINITY, INFINITY}})
+        t.add("clamp", fmt::format("{} [{}, {}]", dims({s.rows, s.cols}), lo, hi), dt, [=](OpRun& r) {
+          const Tensor x = r.random(shape);
+          Tensor out = r.alloc(shape);
+          r.b.clamp(r.up(x), lo, hi, out);
+          return Outputs{exact("out", r.host(out))};  // the value or a bound
+        });
+      // a bias (shift), an affine standardisation (scale, shift and mul), a scale alone
+      for (int variant : {0, 1, 2})
+        t.add("column_affine",
+              fmt::format("{} {}", dims({s.rows, s.cols}),
+                          variant == 0   ? "shift"
+                          : variant == 1 ? "scale shift mul"
+                                         : "scale"),
+              dt, [=](OpRun& r) {
+                const Tensor x = r.random(shape, 3.0f), shift = r.random(Shape{s.cols}), mul = r.random(Shape{s.cols});
+                Tensor out = r.alloc(shape);
+                r.b.column_affine(r.up(x), variant == 0 ? 1.0f : 27.7128f, variant < 2 ? r.up_f32(shift) : Tensor(),
+                                  variant == 1 ? r.up_f32(mul) : Tensor(), out);
+                return Outputs{output("out", r.host(out), r.act)};
+              });
     }
+  // an f32 product's bias into the activation type (the unified vision embedder's Dense layer)
+  t.add("column_affine", "37x160 f32 in, shift", kBf16, [=](OpRun& r) {
+    const Tensor x = r.random(Shape{37, 160}, 3.0f), shift = r.random(Shape{160});
+    Tensor out = r.alloc(Shape{37, 160});
+    r.b.column_affine(r.up_f32(x), 1.0f, r.up_f32(shift), Tensor(), out);
+    return Outputs{output("out", r.host(out), r.act)};
+  });
   // in place, as the residual stream is updated
   for (DType dt : kFloatTypes)
     t.add("add", "37x160 in place", dt, [=](OpRun& r) {
@@ -179,6 +209,20 @@ void norms(Table& t) {
         r.b.rms_norm(r.up(x).cols_view(s.cols, s.cols), r.up_f32(weight), 1e-6f, 0.0f, out);
         return Outputs{output("out", r.host(out), r.act, s.cols)};
       });
+  // LayerNorm (the unified vision embedder: patches of 6912 values, its width), rows offset from 0
+  for (const Size2 s : {Size2{1, 32}, Size2{31, 33}, Size2{37, 160}, Size2{3, 1031}, Size2{5, 6912}})
+    for (bool affine : {true, false})
+      for (DType dt : kFloatTypes)
+        t.add("layer_norm", fmt::format("{}{}", dims({s.rows, s.cols}), affine ? "" : " no weight"), dt, [=](OpRun& r) {
+          // rows about 1.5 (rounded to bf16 in every run, so that all see the same inputs)
+          Tensor x = r.random(Shape{s.rows, s.cols}, 2.0f);
+          for (int64_t i = 0; i < x.numel(); ++i)
+            x.data_as<float>()[i] = bf16_to_f32(f32_to_bf16(x.data_as<float>()[i] + 1.5f));
+          const Tensor weight = r.random(Shape{s.cols}), bias = r.random(Shape{s.cols});
+          Tensor out = r.alloc(Shape{s.rows, s.cols});
+          r.b.layer_norm(r.up(x), affine ? r.up_f32(weight) : Tensor(), affine ? r.up_f32(bias) : Tensor(), 1e-5f, out);
+          return Outputs{output("out", r.host(out), r.act, s.cols)};
+        });
   for (const Size2 s : {Size2{1, 32}, Size2{37, 160}, Size2{63, 65}, Size2{4, 128}, Size2{9, 256}})
     for (DType dt : kFloatTypes)
       t.add("rms_norm_gated", dims({s.rows, s.cols}), dt, [=](OpRun& r) {

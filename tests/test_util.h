@@ -28,11 +28,24 @@ inline std::string fixture_path(const std::string& name) {
   return fixtures_dir() + "/" + name;
 }
 
-// Every oracle fixture directory (those holding logits.npy), sorted.
+// Every oracle fixture directory of text prompts (those holding logits.npy and no images.json),
+// sorted.
 inline std::vector<std::string> fixture_names() {
   std::vector<std::string> names;
   for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir()))
-    if (std::filesystem::exists(entry.path() / "logits.npy")) names.push_back(entry.path().filename().string());
+    if (std::filesystem::exists(entry.path() / "logits.npy") && !std::filesystem::exists(entry.path() / "images.json"))
+      names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The oracle fixtures whose prompts hold images (logits.npy beside images.json; see
+// tools/oracle/make_vision_fixtures.py), sorted.
+inline std::vector<std::string> image_fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir()))
+    if (std::filesystem::exists(entry.path() / "logits.npy") && std::filesystem::exists(entry.path() / "images.json"))
+      names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -129,6 +129,10 @@ Result<std::vector<SetAsideFinding>> account_for_tensors(const ModelFamily& fami
   }
   for (const auto& p : family.set_aside) {  // a part the config describes whose tensors are elsewhere
     if (parts.count(p.name)) continue;
+    // none of its tensors is unused: when the files hold some, the model ran them
+    bool in_files = false;
+    for (const std::string& name : weights.names()) in_files = in_files || family.part_of(name) == &p;
+    if (in_files) continue;
     for (const auto& key : p.config_keys)
       if (config.root.contains(key) && config.root[key].is_object()) {
         parts[p.name] = SetAsideFinding{.part = p.name, .not_yet = p.not_yet};

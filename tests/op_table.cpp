@@ -117,7 +117,7 @@ void elementwise(Table& t) {
         return Outputs{output("x", r.host(x), r.act)};
       });
       // a clippable linear's bounds: both, one side open, and none
-      for (const auto [lo, hi] : {std::pair{-0.75f, 1.25f}, std::pair{-INFINITY, 0.5f}, std::pair{-INFINITY, INFINITY}})
+      for (const auto& [lo, hi] : {std::pair{-0.75f, 1.25f}, std::pair{-INFINITY, 0.5f}, std::pair{-INFINITY, INFINITY}})
         t.add("clamp", fmt::format("{} [{}, {}]", dims({s.rows, s.cols}), lo, hi), dt, [=](OpRun& r) {
           const Tensor x = r.random(shape);
           Tensor out = r.alloc(shape);

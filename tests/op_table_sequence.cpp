@@ -236,7 +236,7 @@ void kv_and_attention(Table& t) {
     bool block_window;
   };
   std::vector<Blocked> blocked;
-  for (const auto [hq, hkv, hd] : {std::tuple{8, 2, 64}, std::tuple{8, 2, 128}, std::tuple{8, 2, 256},
+  for (const auto& [hq, hkv, hd] : {std::tuple{8, 2, 64}, std::tuple{8, 2, 128}, std::tuple{8, 2, 256},
                                    std::tuple{16, 1, 512}, std::tuple{4, 4, 72}, std::tuple{4, 2, 72}})
     for (int64_t window : {0, 9})
       for (bool block_window : {false, true})
@@ -308,7 +308,7 @@ void kv_and_attention(Table& t) {
 
   // A vision tower's attention: one image of 50 patches, each seeing all of them, its keys and
   // values the cache itself (slot p holds patch p).
-  for (const auto [hq, hkv, hd] :
+  for (const auto& [hq, hkv, hd] :
        {std::tuple{2, 2, 64}, std::tuple{4, 2, 72}, std::tuple{16, 16, 72}, std::tuple{12, 12, 64}})
     t.add("attention", fmt::format("{}x{} kv {} whole image of 50", hq, hd, hkv), kBf16, [=](OpRun& r) {
       const int64_t P = 50;

@@ -3,11 +3,12 @@
 // the backend under test.
 //
 // Ops covered: matmul (dense f32 and bf16, quantized at 2-8 bits and groups of 32-128), matmul_many,
-// glu_matmul, matmul_residual_norm, embed (dense and quantized), rms_norm, rms_norm_gated,
+// glu_matmul, matmul_residual_norm, embed (dense and quantized), gather_sum, rms_norm, rms_norm_gated,
 // layer_norm, add, residual_norm, scale, glu, bias_act, sigmoid_mul, add_sigmoid_gated, softcap,
-// argmax, top_k, rope (plain, with the per-head norm, and over several position axes), kv_write,
-// attention_inputs (one and three position axes), attention (causal, and bidirectional: every
-// query at its sequence's last position), causal_conv1d, gated_delta,
+// clamp, column_affine, argmax, top_k, rope (plain, with the per-head norm, and over several
+// position axes), kv_write, attention_inputs (one and three position axes), attention (causal,
+// windowed, bidirectional: every query at its sequence's last position, and with bidirectional
+// blocks), causal_conv1d, gated_delta,
 // moe_route and moe_experts (dense and quantized). Each in f32 and bf16 where the CUDA backend takes
 // both; in bf16 alone where its kernels take bf16 alone (kv_write, attention_inputs, attention,
 // gated_delta, and the inputs of moe_experts and of quantized products, whose outputs may be f32).
@@ -128,7 +129,36 @@ void elementwise(Table& t) {
         r.b.softcap(x, 30.0f);
         return Outputs{output("x", r.host(x), r.act)};
       });
+      // a clippable linear's bounds: both, one side open, and none
+      for (const auto& [lo, hi] : {std::pair{-0.75f, 1.25f}, std::pair{-INFINITY, 0.5f}, std::pair{-INFINITY, INFINITY}})
+        t.add("clamp", fmt::format("{} [{}, {}]", dims({s.rows, s.cols}), lo, hi), dt, [=](OpRun& r) {
+          const Tensor x = r.random(shape);
+          Tensor out = r.alloc(shape);
+          r.b.clamp(r.up(x), lo, hi, out);
+          return Outputs{exact("out", r.host(out))};  // the value or a bound
+        });
+      // a bias (shift), an affine standardisation (scale, shift and mul), a scale alone
+      for (int variant : {0, 1, 2})
+        t.add("column_affine",
+              fmt::format("{} {}", dims({s.rows, s.cols}),
+                          variant == 0   ? "shift"
+                          : variant == 1 ? "scale shift mul"
+                                         : "scale"),
+              dt, [=](OpRun& r) {
+                const Tensor x = r.random(shape, 3.0f), shift = r.random(Shape{s.cols}), mul = r.random(Shape{s.cols});
+                Tensor out = r.alloc(shape);
+                r.b.column_affine(r.up(x), variant == 0 ? 1.0f : 27.7128f, variant < 2 ? r.up_f32(shift) : Tensor(),
+                                  variant == 1 ? r.up_f32(mul) : Tensor(), out);
+                return Outputs{output("out", r.host(out), r.act)};
+              });
     }
+  // an f32 product's bias into the activation type (the unified vision embedder's Dense layer)
+  t.add("column_affine", "37x160 f32 in, shift", kBf16, [=](OpRun& r) {
+    const Tensor x = r.random(Shape{37, 160}, 3.0f), shift = r.random(Shape{160});
+    Tensor out = r.alloc(Shape{37, 160});
+    r.b.column_affine(r.up_f32(x), 1.0f, r.up_f32(shift), Tensor(), out);
+    return Outputs{output("out", r.host(out), r.act)};
+  });
   // in place, as the residual stream is updated
   for (DType dt : kFloatTypes)
     t.add("add", "37x160 in place", dt, [=](OpRun& r) {
@@ -194,7 +224,7 @@ void norms(Table& t) {
       });
   // LayerNorm (vision towers): weight and bias, neither, a strided view in and out; rows with an
   // offset far from zero, where the centring matters
-  for (const Size2 s : {Size2{1, 31}, Size2{33, 32}, Size2{37, 160}, Size2{7, 1152}, Size2{3, 4608}, Size2{2, 1031}})
+  for (const Size2 s : {Size2{1, 31}, Size2{33, 32}, Size2{37, 160}, Size2{7, 1152}, Size2{3, 4608}, Size2{2, 1031}, Size2{5, 6912}})
     for (bool affine : {true, false})
       for (DType dt : kFloatTypes)
         t.add("layer_norm", fmt::format("{}{}", dims({s.rows, s.cols}), affine ? "" : " no weight or bias"), dt,

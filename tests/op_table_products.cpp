@@ -1,6 +1,6 @@
 // The op table's products: dense (f32 and bf16 weights and outputs, one to 256 rows, several products
 // of one input, the GLU product, the output projection fused with the residual update) and
-// quantized (2 to 8 bits, groups of 32 to 128), and the embedding lookups.
+// quantized (2 to 8 bits, groups of 32 to 128), and the embedding lookups and bags.
 #include "op_table_cases.h"
 
 namespace kiln::test::op_cases {
@@ -83,6 +83,24 @@ void dense_products(Table& t) {
           r.b.embed(r.up_i32(r.ints(ids)), r.weight(table), scale, out);
           return Outputs{scale == 1.0f ? exact("out", r.host(out)) : output("out", r.host(out), r.act)};  // copied rows
         });
+  // embedding bags: a vision tower's x and y position rows (two a row), its k x k pooling (nine),
+  // over a table that is a weight or an activation
+  struct Bag {
+    int64_t rows, n, vocab, cols;
+    float scale;
+  };
+  for (const Bag g :
+       {Bag{7, 2, 53, 33, 1.0f}, Bag{20, 9, 180, 160, 1.0f / 9.0f}, Bag{5, 4, 40, 1031, 0.25f}, Bag{1, 1, 3, 32, 1.0f}})
+    for (DType dt : kFloatTypes)
+      t.add("gather_sum", fmt::format("{} of {} scale {}", dims({g.rows, g.n, g.cols}), g.vocab, g.scale), dt,
+            [=](OpRun& r) {
+              const Tensor table = r.random(Shape{g.vocab, g.cols});
+              std::vector<int32_t> ids;
+              for (int64_t i = 0; i < g.rows * g.n; ++i) ids.push_back(int32_t((i * 37 + 11) % g.vocab));
+              Tensor out = r.alloc(Shape{g.rows, g.cols});
+              r.b.gather_sum(r.up_i32(r.ints(ids)).reshape(Shape{g.rows, g.n}), r.weight(table), g.scale, out);
+              return Outputs{output("out", r.host(out), r.act, g.n)};
+            });
 }
 
 constexpr int kBits[] = {2, 3, 4, 5, 6, 8};

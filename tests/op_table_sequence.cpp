@@ -1,6 +1,9 @@
 // The op table's sequence ops: rotary embeddings (with and without the per-head norms), the KV cache
-// write, a step's attention inputs, attention over ring caches through prefill and decode, the
+// write, a step's attention inputs, attention over ring caches through prefill and decode (with
+// bidirectional image blocks, and over a whole image as a vision tower attends), the
 // causal conv and the gated delta rule over several calls, and the mixture-of-experts ops.
+#include <tuple>
+
 #include "op_table_cases.h"
 
 namespace kiln::test::op_cases {
@@ -315,6 +318,115 @@ void kv_and_attention(Table& t) {
                                         .scale = 0.125f});
             return Outputs{output("out", r.host(out), r.act, std::max<int64_t>(c.hd, 80))};
           });
+  // Bidirectional blocks (images): two sequences whose chunks hold whole images, one image longer
+  // than the window and two adjacent ones making one block, then decode rows beside prefill; the
+  // blocks obeying the window (Gemma 4's sliding layers) or not (the unified model's). Head dims
+  // of the flash kernel and of the tiled one (72, a vision tower's), grouped and not.
+  struct Blocked {
+    int hq, hkv, hd;
+    int64_t window;
+    bool block_window;
+  };
+  std::vector<Blocked> blocked;
+  for (const auto& [hq, hkv, hd] : {std::tuple{8, 2, 64}, std::tuple{8, 2, 128}, std::tuple{8, 2, 256},
+                                   std::tuple{16, 1, 512}, std::tuple{4, 4, 72}, std::tuple{4, 2, 72}})
+    for (int64_t window : {0, 9})
+      for (bool block_window : {false, true})
+        if (window || !block_window) blocked.push_back({hq, hkv, hd, window, block_window});
+  for (const Blocked c : blocked)
+    t.add("attention",
+          fmt::format("{}x{} kv {} window {} image blocks{}", c.hq, c.hd, c.hkv, c.window,
+                      c.block_window ? " in window" : ""),
+          kBf16, [=](OpRun& r) {
+            struct Seq {
+              int64_t length;
+              std::vector<std::pair<int64_t, int64_t>> runs;  // runs of image tokens [begin, end)
+              std::vector<int64_t> ends;                      // prefill chunks end here, then decode
+            };
+            const std::vector<Seq> seqs = {{45, {{3, 14}, {20, 33}}, {3, 17, 20, 34, 40}}, {19, {{4, 16}}, {4, 16}}};
+            const int64_t capacity = c.window ? c.window - 1 + 16 : 64;
+            std::vector<KvCacheView> all;
+            for (size_t s = 0; s < seqs.size(); ++s) all.push_back(zeroed_cache(r, capacity, c.hkv, c.hd));
+            std::vector<int64_t> done(seqs.size(), 0);
+            std::vector<Tensor> outs;
+            while (done[0] < seqs[0].length || done[1] < seqs[1].length) {
+              std::vector<SeqRows> rows_of;
+              std::vector<KvCacheView> caches;
+              std::vector<int32_t> blocks;
+              int64_t rows = 0;
+              for (size_t s = 0; s < seqs.size(); ++s) {
+                const int64_t begin = done[s];
+                if (begin >= seqs[s].length) continue;
+                int64_t end = begin + 1;
+                for (int64_t e : seqs[s].ends)
+                  if (e > begin) {
+                    end = e;
+                    break;
+                  }
+                for (int64_t p = begin; p < end; ++p) {
+                  int32_t first = 1, last = 0;
+                  for (const auto& [b, e] : seqs[s].runs)
+                    if (p >= b && p < e) first = int32_t(b), last = int32_t(e - 1);
+                  blocks.push_back(first);
+                  blocks.push_back(last);
+                }
+                rows_of.push_back(SeqRows{rows, end - begin, begin});
+                caches.push_back(all[s]);
+                rows += end - begin;
+                done[s] = end;
+              }
+              const Tensor q = r.random(Shape{rows, c.hq, c.hd}), k = r.random(Shape{rows, c.hkv, c.hd}),
+                           v = r.random(Shape{rows, c.hkv, c.hd});
+              const Tensor pos = r.up_i32(r.ints(positions_of(rows_of))), qd = r.up(q), kd = r.up(k), vd = r.up(v);
+              const Tensor bd = r.up_i32(r.ints(blocks)).reshape(Shape{rows, 2});
+              Tensor out = r.alloc(Shape{rows, c.hq, c.hd});
+              r.b.kv_write(KvWriteArgs{.k = kd, .v = vd, .positions = pos, .seqs = rows_of, .caches = caches});
+              r.b.attention(AttentionArgs{.q = qd,
+                                          .out = out,
+                                          .positions = pos,
+                                          .seqs = rows_of,
+                                          .caches = caches,
+                                          .n_heads = c.hq,
+                                          .n_kv_heads = c.hkv,
+                                          .head_dim = c.hd,
+                                          .scale = 0.125f,
+                                          .window = c.window,
+                                          .blocks = bd,
+                                          .block_window = c.block_window});
+              outs.push_back(r.host(out));
+            }
+            return Outputs{output("out", concat(outs), r.act, std::max<int64_t>(c.hd, 45))};
+          });
+
+  // A vision tower's attention: one image of 50 patches, each seeing all of them, its keys and
+  // values the cache itself (slot p holds patch p).
+  for (const auto& [hq, hkv, hd] :
+       {std::tuple{2, 2, 64}, std::tuple{4, 2, 72}, std::tuple{16, 16, 72}, std::tuple{12, 12, 64}})
+    t.add("attention", fmt::format("{}x{} kv {} whole image of 50", hq, hd, hkv), kBf16, [=](OpRun& r) {
+      const int64_t P = 50;
+      const Tensor q = r.random(Shape{P, hq, hd}, 0.5f), k = r.random(Shape{P, hkv, hd}, 0.5f),
+                   v = r.random(Shape{P, hkv, hd});
+      std::vector<int32_t> index, whole;
+      for (int64_t p = 0; p < P; ++p) {
+        index.push_back(int32_t(p));
+        whole.push_back(0);
+        whole.push_back(int32_t(P - 1));
+      }
+      const Tensor positions = r.up_i32(r.ints(index));
+      Tensor out = r.alloc(Shape{P, hq, hd});
+      r.b.attention(
+          AttentionArgs{.q = r.up(q),
+                        .out = out,
+                        .positions = positions,
+                        .seqs = {SeqRows{0, P, 0}},
+                        .caches = {KvCacheView{.k = r.up(k), .v = r.up(v), .slot_pos = positions, .capacity = P}},
+                        .n_heads = hq,
+                        .n_kv_heads = hkv,
+                        .head_dim = hd,
+                        .scale = 1.0f,
+                        .blocks = r.up_i32(r.ints(whole)).reshape(Shape{P, 2})});
+      return Outputs{output("out", r.host(out), r.act, std::max<int64_t>(hd, P))};
+    });
 }
 
 // ---- recurrent: causal conv, gated delta ----

@@ -681,7 +681,7 @@ TEST_P(QwenImageOracle, MatchesTransformers) {
 }
 
 std::vector<std::string> image_fixtures_or_none() {
-  std::vector<std::string> names = image_fixture_names();
+  std::vector<std::string> names = image_fixture_names("qwen3_5");
   if (names.empty()) names.push_back("none");
   return names;
 }

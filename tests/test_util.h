@@ -40,11 +40,20 @@ inline std::vector<std::string> fixture_names() {
 
 // Every oracle fixture of a prompt with images (logits.npy beside images.json), sorted; their
 // format is described in test_qwen_vision.cpp.
-inline std::vector<std::string> image_fixture_names() {
+inline std::vector<std::string> image_fixture_names(const std::string& family = "") {
   std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir()))
-    if (std::filesystem::exists(entry.path() / "logits.npy") && std::filesystem::exists(entry.path() / "images.json"))
-      names.push_back(entry.path().filename().string());
+  for (const auto& entry : std::filesystem::directory_iterator(fixtures_dir())) {
+    if (!std::filesystem::exists(entry.path() / "logits.npy") || !std::filesystem::exists(entry.path() / "images.json"))
+      continue;
+    // a family's fixtures: config.json's model_type starts with its name (gemma4, qwen3_5)
+    if (!family.empty()) {
+      std::ifstream in(entry.path() / "config.json");
+      const auto config = nlohmann::json::parse(in, nullptr, false);
+      const std::string type = config.is_object() ? config.value("model_type", std::string()) : std::string();
+      if (type.rfind(family, 0) != 0) continue;
+    }
+    names.push_back(entry.path().filename().string());
+  }
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -116,7 +116,9 @@ Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_la
                                   .head_dim = shape.head_dim,
                                   .scale = shape.scale,
                                   .window = shape.window,
-                                  .output_gate = output_gate});
+                                  .output_gate = output_gate,
+                                  .blocks = shape.blocks,
+                                  .block_window = shape.block_window});
   return out.reshape(Shape{batch.n_tokens, int64_t(shape.n_heads) * shape.head_dim});
 }
 

@@ -59,6 +59,9 @@ struct AttentionShape {
   int head_dim = 0;
   float scale = 1.0f;
   int64_t window = 0;  // 0: full causal
+  // bidirectional blocks ([T, 2] i32 or undefined) and whether they obey the window (AttentionArgs)
+  Tensor blocks;
+  bool block_window = false;
 };
 
 // Writes k and v (when given) into layer `cache_layer`'s cache of every sequence, then attends q

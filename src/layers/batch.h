@@ -25,12 +25,21 @@ struct BatchLayout {
   Tensor rope_positions;
   std::vector<int64_t> next_rope_offsets;  // per sequence, its rope offset after this batch
   std::vector<SoftRows> soft;              // by increasing row
+  // For models that ask for image spans, when the batch holds soft tokens: [n_tokens, 2] i32 on the
+  // backend, per row the first and last position of the run of soft tokens it belongs to (adjacent
+  // images make one run, as transformers groups contiguous image tokens), and an empty range
+  // (last < first) for other rows: AttentionArgs::blocks of bidirectional attention over images.
+  Tensor soft_spans;
 };
 
 // How a model reads a batch beyond its token ids.
 struct BatchNeeds {
   int64_t rope_axes = 0;  // rotary position axes it rotates by (0: it follows token indices alone)
   int64_t hidden = 0;     // width of soft-token rows (0: the model takes no images)
+  // Images attend to themselves bidirectionally: the layout carries soft_spans, and an image's soft
+  // tokens must all come in one chunk (a chunk that splits an image is refused; whoever chunks a
+  // prompt keeps each image's placeholders together).
+  bool image_spans = false;
 };
 
 // A batch ready to run: its layout and its token ids, on the backend.

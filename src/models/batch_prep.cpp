@@ -29,6 +29,11 @@ Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> 
                           t.rows.rows(), c.tokens.size());
       if (t.rows.cols() != needs.hidden)
         return make_error("forward: soft tokens of width {}, the model's is {}", t.rows.cols(), needs.hidden);
+      if (needs.image_spans && (t.first != 0 || t.rows.rows() != t.image_rows))
+        return make_error(
+            "forward: a chunk holds soft tokens [{}, {}) of an image of {}; this model attends over each image "
+            "bidirectionally, so an image's tokens must come in one chunk",
+            t.first, t.first + t.rows.rows(), t.image_rows);
       soft_end = t.offset + t.rows.rows();
       layout.soft.push_back(SoftRows{.row = layout.n_tokens + t.offset, .rows = t.rows});
     }
@@ -74,6 +79,27 @@ Result<PreparedBatch> prepare_batch(Backend& backend, std::span<const SeqChunk> 
   out.ids = backend.upload(ids, DType::i32);
   layout.positions = backend.upload(pos, DType::i32);
   if (axes > 0) layout.rope_positions = backend.upload(rope, DType::i32);
+  if (needs.image_spans && !layout.soft.empty()) {
+    // each row's run of soft tokens as positions [first, last]; text rows an empty range
+    Tensor spans = host_tensor(DType::i32, Shape{layout.n_tokens, 2});
+    int32_t* s = spans.data_as<int32_t>();
+    for (int64_t i = 0; i < layout.n_tokens; ++i) s[2 * i] = 1, s[2 * i + 1] = 0;
+    for (size_t q = 0; q < batch.size(); ++q) {
+      const SeqRows& rows = layout.seqs[q];
+      const auto& soft = batch[q].soft;
+      for (size_t a = 0; a < soft.size();) {
+        size_t b = a;  // soft[a..b] adjacent: one run
+        while (b + 1 < soft.size() && soft[b + 1].offset == soft[b].offset + soft[b].rows.rows()) ++b;
+        const int64_t begin = soft[a].offset, end = soft[b].offset + soft[b].rows.rows();
+        for (int64_t i = begin; i < end; ++i) {
+          s[2 * (rows.row_begin + i)] = int32_t(rows.pos_begin + begin);
+          s[2 * (rows.row_begin + i) + 1] = int32_t(rows.pos_begin + end - 1);
+        }
+        a = b + 1;
+      }
+    }
+    layout.soft_spans = backend.upload(spans, DType::i32);
+  }
   return out;
 }
 

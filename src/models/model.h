@@ -44,6 +44,8 @@ struct ProcessedImage {
 // Encoded image rows that take the place of a chunk's placeholder tokens: tokens [offset, offset +
 // rows.rows()) of the chunk embed as these rows instead of their ids. A span may hold part of an
 // image (a prompt split over chunks): `first` is the row of the image's encoding it starts at.
+// Models whose image tokens attend to each other bidirectionally (BatchNeeds::image_spans: Gemma 4's
+// larger models) refuse such a part: whoever chunks a prompt keeps each image within one chunk.
 struct SoftTokens {
   int64_t offset = 0;
   Tensor rows;  // [n, hidden] on the backend: a view of the image's encoding

@@ -111,7 +111,14 @@ class Backend {
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) = 0;           // x ⊙ sigmoid(gate)
   // acc[r] += sigmoid(gate[r]) · x[r], gate [rows, 1]
   virtual void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) = 0;
-  virtual void softcap(Tensor& x, float cap) = 0;         // cap · tanh(x / cap)
+  virtual void softcap(Tensor& x, float cap) = 0;                            // cap · tanh(x / cap)
+  virtual void clamp(const Tensor& x, float lo, float hi, Tensor& out) = 0;  // min(max(x, lo), hi)
+  // out = (x · scale + shift) ⊙ mul, with shift and mul per column ([cols] f32, either undefined),
+  // computed in f32 and rounded once (a bias, an affine standardisation).
+  virtual void column_affine(const Tensor& x, float scale, const Tensor& shift, const Tensor& mul, Tensor& out) = 0;
+  // out[r] = scale · Σ_j table[ids[r, j]] (an embedding bag: rows of ids [R, n] i32 each select n
+  // rows of table [V, cols], which are summed in f32 and rounded once). Ids are in range.
+  virtual void gather_sum(const Tensor& ids, const Tensor& table, float scale, Tensor& out) = 0;
   virtual void argmax(const Tensor& x, Tensor& out) = 0;  // [R, C] -> [R] i32
   // The k most likely tokens of each row of logits [R, V] (f32) once row r is divided by
   // temperatures[r] (f32 [R], > 0): values [R, k] f32 (the divided logits) and ids [R, k] i32, most

@@ -45,6 +45,13 @@ struct KvWriteArgs {
 // batch's own keys). A key at position j is visible to a query at position i = positions[row] when
 // j <= i and, with a window W > 0, i - j < W. Queries that all take their sequence's last position
 // see every key of it: bidirectional attention (a vision encoder's patches).
+//
+// Bidirectional blocks (the tokens of an image, which see each other): with `blocks`, query row r
+// also sees the keys at positions [first, last] = blocks[r]; a row whose last < first sees no more
+// than causally. With block_window, those keys still obey the window (visible when (j <= i or
+// first <= j <= last) and i - j < W); without, they are visible wherever they are (visible when
+// j <= i and i - j < W, or first <= j <= last). A block's keys must be in the cache: the positions
+// up to the chunk's last.
 struct AttentionArgs {
   Tensor q;          // [T, n_heads, head_dim]
   Tensor out;        // [T, n_heads, head_dim]
@@ -61,6 +68,8 @@ struct AttentionArgs {
   // [T · n_heads, head_dim] (row-strided allowed) or undefined: then out = attention ⊙
   // sigmoid(output_gate), the output rounded to its type before the gate as sigmoid_mul would.
   Tensor output_gate;
+  Tensor blocks;  // [T, 2] i32 or undefined: each row's bidirectional block (above)
+  bool block_window = false;
 };
 
 // Rotary embedding, rotate-half convention: element i (< n_pairs) of each head pairs with element

@@ -1,4 +1,5 @@
-// CPU backend: rotary embedding, the KV cache ring and causal attention over it.
+// CPU backend: rotary embedding, the KV cache ring and causal attention over it (with bidirectional
+// blocks).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -94,6 +95,12 @@ void CpuBackend::attention(const AttentionArgs& args) {
       const KvCacheView& cache = args.caches[tk.seq];
       const int64_t qpos = args.positions.defined() ? int64_t(args.positions.data_as<int32_t>()[tk.row])
                                                     : seq.pos_begin + (tk.row - seq.row_begin);
+      // the query's bidirectional block, [first, last] (empty without blocks)
+      int64_t first = 1, last = 0;
+      if (args.blocks.defined()) {
+        first = args.blocks.data_as<int32_t>()[tk.row * 2];
+        last = args.blocks.data_as<int32_t>()[tk.row * 2 + 1];
+      }
       // slots beyond the highest position written so far are still empty
       const int64_t n_slots = std::min<int64_t>(cache.capacity, seq.pos_begin + seq.n_rows);
       const int32_t* slot_pos = cache.slot_pos.data_as<int32_t>();
@@ -105,7 +112,12 @@ void CpuBackend::attention(const AttentionArgs& args) {
       float max_score = -INFINITY;
       for (int64_t j = 0; j < n_slots; ++j) {
         const int64_t kp = slot_pos[j];
-        if (kp < 0 || kp > qpos || (args.window > 0 && qpos - kp >= args.window)) continue;
+        if (kp < 0) continue;
+        const bool in_block = first <= kp && kp <= last;
+        const bool in_window = args.window <= 0 || qpos - kp < args.window;
+        const bool visible =
+            args.block_window ? (kp <= qpos || in_block) && in_window : (kp <= qpos && in_window) || in_block;
+        if (!visible) continue;
         const float* kv = cache.k.data_as<float>() + j * kv_stride + kvh * hd;
         float dot = 0;
         for (int64_t d = 0; d < hd; ++d) dot += qv[d] * kv[d];

@@ -442,6 +442,67 @@ void CpuBackend::softcap(Tensor& x, float cap) {
   finish(x);
 }
 
+void CpuBackend::clamp(const Tensor& x, float lo, float hi, Tensor& out) {
+  OpTimer timed(this, "clamp");
+  const int64_t cols = x.cols();
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          float* o = row_ptr(out, r);
+          for (int64_t c = 0; c < cols; ++c) o[c] = std::min(std::max(in[c], lo), hi);
+        }
+      },
+      grain_for(cols));
+  finish(out);
+}
+
+void CpuBackend::column_affine(const Tensor& x, float scale, const Tensor& shift, const Tensor& mul, Tensor& out) {
+  OpTimer timed(this, "column_affine");
+  const int64_t cols = x.cols();
+  const float* b = shift.defined() ? shift.data_as<float>() : nullptr;
+  const float* m = mul.defined() ? mul.data_as<float>() : nullptr;
+  pool_.parallel_for(
+      x.rows(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* in = row_ptr(x, r);
+          float* o = row_ptr(out, r);
+          for (int64_t c = 0; c < cols; ++c) {
+            float v = in[c] * scale;
+            if (b) v += b[c];
+            if (m) v *= m[c];
+            o[c] = v;
+          }
+        }
+      },
+      grain_for(cols));
+  finish(out);
+}
+
+void CpuBackend::gather_sum(const Tensor& ids, const Tensor& table, float scale, Tensor& out) {
+  OpTimer timed(this, "gather_sum");
+  const int64_t rows = ids.rows(), n = ids.cols(), cols = table.cols(), vocab = table.rows();
+  pool_.parallel_for(
+      rows,
+      [&](int64_t begin, int64_t end) {
+        std::vector<double> acc(static_cast<size_t>(cols));
+        for (int64_t r = begin; r < end; ++r) {
+          std::fill(acc.begin(), acc.end(), 0.0);
+          const int32_t* id = ids.data_as<int32_t>() + r * ids.row_stride();
+          for (int64_t j = 0; j < n; ++j) {
+            const float* src = row_ptr(table, std::clamp<int64_t>(id[j], 0, vocab - 1));
+            for (int64_t c = 0; c < cols; ++c) acc[size_t(c)] += src[c];
+          }
+          float* o = row_ptr(out, r);
+          for (int64_t c = 0; c < cols; ++c) o[c] = float(acc[size_t(c)]) * scale;
+        }
+      },
+      grain_for(cols * n));
+  finish(out);
+}
+
 void CpuBackend::argmax(const Tensor& x, Tensor& out) {
   OpTimer timed(this, "argmax");
   const int64_t cols = x.cols();

@@ -51,6 +51,9 @@ class CpuBackend final : public Backend {
   void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) override;
   void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) override;
   void softcap(Tensor& x, float cap) override;
+  void clamp(const Tensor& x, float lo, float hi, Tensor& out) override;
+  void column_affine(const Tensor& x, float scale, const Tensor& shift, const Tensor& mul, Tensor& out) override;
+  void gather_sum(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override;
   void argmax(const Tensor& x, Tensor& out) override;
   void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids) override;
 

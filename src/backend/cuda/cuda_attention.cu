@@ -211,7 +211,9 @@ struct AttnSmem {
   static constexpr size_t l = align(m + size_t(BQ) * 4);
   static constexpr size_t alpha = align(l + size_t(BQ) * 4);
   static constexpr size_t qpos = align(alpha + size_t(BQ) * 4);
-  static constexpr size_t kpos = align(qpos + size_t(BQ) * 4);
+  static constexpr size_t qfirst = align(qpos + size_t(BQ) * 4);  // the rows' bidirectional blocks
+  static constexpr size_t qlast = align(qfirst + size_t(BQ) * 4);
+  static constexpr size_t kpos = align(qlast + size_t(BQ) * 4);
   static constexpr size_t misc = align(kpos + size_t(BK) * 4);
   static constexpr size_t bytes = align(misc + 16);
 };
@@ -232,6 +234,8 @@ __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
   float* ls = reinterpret_cast<float*>(smem + L::l);
   float* alphas = reinterpret_cast<float*>(smem + L::alpha);
   int* qpos = reinterpret_cast<int*>(smem + L::qpos);
+  int* qfirst = reinterpret_cast<int*>(smem + L::qfirst);
+  int* qlast = reinterpret_cast<int*>(smem + L::qlast);
   int* kpos = reinterpret_cast<int*>(smem + L::kpos);
   int64_t* n_slots_shared = reinterpret_cast<int64_t*>(smem + L::misc);
 
@@ -262,15 +266,23 @@ __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
   for (int r = tid; r < BQ; r += n_threads) {
     const int tl = r / p.group;
     const int64_t token = token0 + tl;
-    qpos[r] = (tl < p.tokens_per_tile && token < seq.n_rows) ? p.positions[seq.row_begin + token] : -1;
+    const bool valid = tl < p.tokens_per_tile && token < seq.n_rows;
+    qpos[r] = valid ? p.positions[seq.row_begin + token] : -1;
+    qfirst[r] = valid && p.blocks ? p.blocks[2 * (seq.row_begin + token)] : 1;
+    qlast[r] = valid && p.blocks ? p.blocks[2 * (seq.row_begin + token) + 1] : 0;
     ms[r] = -INFINITY;
     ls[r] = 0.0f;
   }
   for (int i = tid; i < BQ * L::ldo; i += n_threads) os[i] = 0.0f;
   if (tid == 0) {
-    // keys beyond the newest query's position are still empty or in the future
-    const int64_t last = min(seq.n_rows, token0 + p.tokens_per_tile) - 1;
-    *n_slots_shared = min(seq.capacity, int64_t(p.positions[seq.row_begin + last]) + 1);
+    // keys beyond the newest query's position (or its block's end) are still empty or in the future
+    const int64_t end = min(seq.n_rows, token0 + p.tokens_per_tile);
+    int64_t newest = p.positions[seq.row_begin + end - 1];
+    for (int64_t t = token0; p.blocks && t < end; ++t) {
+      const int first = p.blocks[2 * (seq.row_begin + t)], last = p.blocks[2 * (seq.row_begin + t) + 1];
+      if (last >= first) newest = max(newest, int64_t(last));
+    }
+    *n_slots_shared = min(seq.capacity, newest + 1);
   }
   __syncthreads();
   const int64_t n_slots = *n_slots_shared;
@@ -314,7 +326,7 @@ __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
       float row_max = -INFINITY;
       for (int c = half * (BK / 2); c < (half + 1) * (BK / 2); ++c) {
         const int kp = kpos[c];
-        const bool visible = kp >= 0 && kp <= qp && (p.window <= 0 || int64_t(qp) - kp < p.window);
+        const bool visible = key_visible(kp, qp, qfirst[r], qlast[r], p.window, p.block_window);
         const float s = visible ? ss[r * L::lds + c] * p.scale : -INFINITY;
         ss[r * L::lds + c] = s;
         row_max = fmaxf(row_max, s);
@@ -512,6 +524,8 @@ void attention(const AttentionArgs& args, const Allocate& allocate, cudaStream_t
   params.tokens_per_tile = std::max(1, bq / group);
   params.scale = args.scale;
   params.window = args.window;
+  params.blocks = args.blocks.defined() ? args.blocks.data_as<int32_t>() : nullptr;
+  params.block_window = args.block_window;
   for (size_t begin = 0; begin < args.seqs.size(); begin += kMaxSeqs) {
     params.seqs = make_table(args.seqs, args.caches, begin);
     int tiles = 0;

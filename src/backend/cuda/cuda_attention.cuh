@@ -47,9 +47,21 @@ struct AttnParams {
   int tokens_per_tile;
   float scale;
   int64_t window;
+  // bidirectional blocks: [first, last] per row, or null (AttentionArgs::blocks)
+  const int32_t* blocks;
+  bool block_window;
   int total_tiles;
   SeqTable seqs;
 };
+
+// Whether a key at position kp is visible to a query at qp whose block is [first, last] (an empty
+// block when last < first), under AttentionArgs' rule.
+__device__ __forceinline__ bool key_visible(int kp, int qp, int first, int last, int64_t window, bool block_window) {
+  if (kp < 0) return false;
+  const bool in_block = first <= kp && kp <= last;
+  const bool in_window = window <= 0 || int64_t(qp) - kp < window;
+  return block_window ? (kp <= qp || in_block) && in_window : (kp <= qp && in_window) || in_block;
+}
 
 // Query rows per block of the flash prefill kernel; tokens_per_tile follows from it.
 constexpr int kFlashRows = 64;

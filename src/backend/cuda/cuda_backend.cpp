@@ -528,6 +528,21 @@ class CudaBackend final : public Backend {
     cuda::softcap(x, cap, stream_);
     after_launch("softcap");
   }
+  void clamp(const Tensor& x, float lo, float hi, Tensor& out) override {
+    OpTimer timed(this, "clamp");
+    cuda::clamp(x, lo, hi, out, stream_);
+    after_launch("clamp");
+  }
+  void column_affine(const Tensor& x, float scale, const Tensor& shift, const Tensor& mul, Tensor& out) override {
+    OpTimer timed(this, "column_affine");
+    cuda::column_affine(x, scale, shift, mul, out, stream_);
+    after_launch("column_affine");
+  }
+  void gather_sum(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {
+    OpTimer timed(this, "gather_sum");
+    cuda::gather_sum(ids, table, scale, out, stream_);
+    after_launch("gather_sum");
+  }
   void argmax(const Tensor& x, Tensor& out) override {
     OpTimer timed(this, "argmax");
     cuda::argmax(

@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Deco
 }  // namespace
 
 bool decode_attention_takes(const AttentionArgs& args) {
-  bool decode = args.head_dim % 8 == 0 && args.head_dim <= kMaxDecodeDim;
+  // bidirectional blocks come with prompts (images), which the prefill kernels take
+  bool decode = !args.blocks.defined() && args.head_dim % 8 == 0 && args.head_dim <= kMaxDecodeDim;
   for (const SeqRows& s : args.seqs) decode = decode && s.n_rows <= kDecodeMaxRows;
   return decode && (!args.output_gate.defined() || args.output_gate.dtype() == DType::bf16);
 }

@@ -1,4 +1,4 @@
-// CUDA backend: elementwise and row-wise ops (norms, activations, embedding, argmax).
+// CUDA backend: elementwise and row-wise ops (norms, activations, embeddings, argmax).
 // Row-wise ops use one warp per row: rows are short (head dims) or few (tokens), and the work is
 // memory-bound either way.
 #include <algorithm>
@@ -305,6 +305,45 @@ __global__ void softcap_kernel(Rows<T> x, int64_t rows, int64_t cols, float cap)
   *p = from_float<T>(cap * tanhf(to_float(*p) / cap));
 }
 
+template <typename T>
+__global__ void clamp_kernel(Rows<const T> x, Rows<T> out, int64_t rows, int64_t cols, float lo, float hi) {
+  wait_for_inputs();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  out.row(i / cols)[i % cols] = from_float<T>(fminf(fmaxf(to_float(x.row(i / cols)[i % cols]), lo), hi));
+}
+
+template <typename S, typename D>
+__global__ void column_affine_kernel(Rows<const S> x, Rows<D> out, int64_t rows, int64_t cols, float scale,
+                                     const float* shift, const float* mul) {
+  wait_for_inputs();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  float v = to_float(x.row(r)[c]) * scale;
+  if (shift) v += shift[c];
+  if (mul) v *= mul[c];
+  out.row(r)[c] = from_float<D>(v);
+}
+
+// A block per output row: its n table rows summed column by column in f32.
+template <typename W, typename O>
+__global__ void gather_sum_kernel(Rows<const int32_t> ids, int64_t n, Rows<const W> table, int64_t vocab, Rows<O> out,
+                                  int64_t cols, float scale) {
+  wait_for_inputs();
+  const int64_t r = blockIdx.x;
+  const int32_t* id = ids.row(r);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t row = id[j];
+      row = row < 0 ? 0 : (row >= vocab ? vocab - 1 : row);  // ids are checked by the caller; never read out of range
+      acc += to_float(table.row(row)[c]);
+    }
+    out.row(r)[c] = from_float<O>(acc * scale);
+  }
+}
+
 template <typename T, typename G>
 __global__ void add_sigmoid_gated_kernel(Rows<T> acc, Rows<const T> x, Rows<const G> gate, int64_t rows, int64_t cols) {
   wait_for_inputs();
@@ -584,6 +623,45 @@ void softcap(Tensor& x, float cap, cudaStream_t stream) {
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     launch(softcap_kernel<T>, grid_for(n), 256, 0, stream, rows_of<T>(x), x.rows(), x.cols(), cap);
+  });
+}
+
+void clamp(const Tensor& x, float lo, float hi, Tensor& out, cudaStream_t stream) {
+  const int64_t n = x.rows() * x.cols();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch(clamp_kernel<T>, grid_for(n), 256, 0, stream, rows_of<const T>(x), rows_of<T>(out), x.rows(), x.cols(), lo,
+           hi);
+  });
+}
+
+void column_affine(const Tensor& x, float scale, const Tensor& shift, const Tensor& mul, Tensor& out,
+                   cudaStream_t stream) {
+  assert((!shift.defined() || shift.dtype() == DType::f32) && (!mul.defined() || mul.dtype() == DType::f32));
+  const int64_t n = x.rows() * x.cols();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), [&](auto s_tag) {
+    using S = decltype(s_tag);
+    dispatch_float(out.dtype(), [&](auto d_tag) {
+      using D = decltype(d_tag);
+      launch(column_affine_kernel<S, D>, grid_for(n), 256, 0, stream, rows_of<const S>(x), rows_of<D>(out), x.rows(),
+             x.cols(), scale, shift.defined() ? shift.data_as<float>() : nullptr,
+             mul.defined() ? mul.data_as<float>() : nullptr);
+    });
+  });
+}
+
+void gather_sum(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream) {
+  assert(ids.dtype() == DType::i32 && !table.quantized());
+  if (ids.rows() == 0) return;
+  dispatch_float(table.dtype(), [&](auto w_tag) {
+    using W = decltype(w_tag);
+    dispatch_float(out.dtype(), [&](auto o_tag) {
+      using O = decltype(o_tag);
+      launch(gather_sum_kernel<W, O>, int(ids.rows()), 256, 0, stream, rows_of<const int32_t>(ids), ids.cols(),
+             rows_of<const W>(table), table.rows(), rows_of<O>(out), table.cols(), scale);
+    });
   });
 }
 

@@ -52,10 +52,6 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
-__device__ __forceinline__ bool visible(int kp, int qp, int64_t window) {
-  return kp >= 0 && kp <= qp && (window <= 0 || int64_t(qp) - kp < window);
-}
-
 // The first tile at or after t that the block needs, or n_tiles.
 __device__ __forceinline__ int next_tile(const unsigned* needed, int t, int n_tiles) {
   while (t < n_tiles && t < kFlashMaxTiles) {
@@ -78,7 +74,9 @@ __global__ void __launch_bounds__(FlashConfig<D>::warps * 32, FlashConfig<D>::mi
   bf16* vs = reinterpret_cast<bf16*>(smem + C::v);
   int* kpos = reinterpret_cast<int*>(smem + C::kpos);
   unsigned* needed = reinterpret_cast<unsigned*>(smem + C::tiles);
-  int* range = reinterpret_cast<int*>(smem + C::range);  // min and max position of the block's rows
+  // min and max position of the block's rows, and the lowest first and highest last of their
+  // bidirectional blocks
+  int* range = reinterpret_cast<int*>(smem + C::range);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int group_rows = warp % kFlashRowGroups, slice = warp / kFlashRowGroups;
@@ -108,6 +106,8 @@ __global__ void __launch_bounds__(FlashConfig<D>::warps * 32, FlashConfig<D>::mi
   if (tid == 0) {
     range[0] = INT_MAX;
     range[1] = -1;
+    range[2] = INT_MAX;
+    range[3] = -1;
   }
   for (int i = tid; i < kFlashTileWords; i += kThreads) needed[i] = 0;
   __syncthreads();
@@ -117,19 +117,29 @@ __global__ void __launch_bounds__(FlashConfig<D>::warps * 32, FlashConfig<D>::mi
       const int qp = p.positions[seq.row_begin + token];
       atomicMin(&range[0], qp);
       atomicMax(&range[1], qp);
+      if (p.blocks) {
+        const int first = p.blocks[2 * (seq.row_begin + token)], last = p.blocks[2 * (seq.row_begin + token) + 1];
+        if (last >= first) {
+          atomicMin(&range[2], first);
+          atomicMax(&range[3], last);
+        }
+      }
     }
   }
   __syncthreads();
-  const int qmin = range[0], qmax = range[1];
-  // a slot at or beyond the newest position's slot holds no visible key unless the ring wrapped
+  const int qmin = range[0], qmax = max(range[1], range[3]);
+  // keys below this are visible through a block alone (a block that ignores the window)
+  const int block_min = p.block_window ? INT_MAX : range[2];
+  // a slot at or beyond the newest visible position's slot holds no visible key unless the ring wrapped
   const int64_t n_slots = min(seq.capacity, int64_t(qmax) + 1);
   const int n_tiles = int((n_slots + BK - 1) / BK);
-  // the tiles holding a slot visible to some row: its position is in [qmin − window + 1, qmax]
+  // the tiles holding a slot visible to some row: its position is in [qmin − window + 1, qmax], or
+  // at or above block_min
   for (int64_t base = int64_t(warp) * 32; base < min(n_slots, int64_t(kFlashMaxTiles) * BK);
        base += int64_t(C::warps) * 32) {
     const int64_t slot = base + lane;
     const int kp = slot < n_slots ? seq.slot_pos[slot] : -1;
-    const bool any = kp >= 0 && kp <= qmax && (p.window <= 0 || int64_t(qmin) - kp < p.window);
+    const bool any = kp >= 0 && kp <= qmax && (p.window <= 0 || int64_t(qmin) - kp < p.window || kp >= block_min);
     if (__any_sync(0xffffffffu, any) && lane == 0) {
       const int tile = int(base / BK);
       atomicOr(&needed[tile / 32], 1u << (tile % 32));
@@ -158,10 +168,12 @@ __global__ void __launch_bounds__(FlashConfig<D>::warps * 32, FlashConfig<D>::mi
   };
 
   // positions of this lane's two rows (g and g + 8 of the row group); -1 for padding rows
-  int qp[2];
+  int qp[2], qfirst[2], qlast[2];
   for (int h = 0; h < 2; ++h) {
     const int64_t token = row_token(group_rows * 16 + g + 8 * h);
     qp[h] = token >= 0 ? p.positions[seq.row_begin + token] : -1;
+    qfirst[h] = token >= 0 && p.blocks ? p.blocks[2 * (seq.row_begin + token)] : 1;
+    qlast[h] = token >= 0 && p.blocks ? p.blocks[2 * (seq.row_begin + token) + 1] : 0;
   }
   const float scale_log2 = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x · log2 e)
   float o[C::dslice / 8][4];
@@ -208,7 +220,9 @@ __global__ void __launch_bounds__(FlashConfig<D>::warps * 32, FlashConfig<D>::mi
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const float x = visible(kp[8 * n + 2 * t4 + e % 2], qp[h], p.window) ? s[n][e] * scale_log2 : -INFINITY;
+        const float x = key_visible(kp[8 * n + 2 * t4 + e % 2], qp[h], qfirst[h], qlast[h], p.window, p.block_window)
+                            ? s[n][e] * scale_log2
+                            : -INFINITY;
         s[n][e] = x;
         mx[h] = fmaxf(mx[h], x);
       }

@@ -47,6 +47,10 @@ void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out, cuda
 void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out, cudaStream_t stream);
 void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate, cudaStream_t stream);
 void softcap(Tensor& x, float cap, cudaStream_t stream);
+void clamp(const Tensor& x, float lo, float hi, Tensor& out, cudaStream_t stream);
+void column_affine(const Tensor& x, float scale, const Tensor& shift, const Tensor& mul, Tensor& out,
+                   cudaStream_t stream);
+void gather_sum(const Tensor& ids, const Tensor& table, float scale, Tensor& out, cudaStream_t stream);
 void argmax(const Tensor& x, Tensor& out, const Allocate& alloc, cudaStream_t stream);  // scratch from alloc
 // cuda_top_k.cu: Backend::top_k (float logits, f32 temperatures on the device); scratch from alloc.
 void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids, const Allocate& alloc,

@@ -1,5 +1,6 @@
 // The Gemma 4 family: gemma4_text and gemma4_unified_text language models, flat or inside the
-// released multimodal wrappers (gemma4: e2b, e4b, 26B-A4B, 31B; gemma4_unified: 12B).
+// released multimodal wrappers (gemma4: e2b, e4b, 26B-A4B, 31B; gemma4_unified: 12B), with the
+// wrappers' image front ends.
 #include <map>
 
 #include "models/family.h"
@@ -85,12 +86,14 @@ ModelFamily make_gemma4_family() {
   f.part_tensors = gemma4_part_tensors;
   f.unused_by_design = gemma4_unused_by_design;
   f.image_processor = load_gemma4_image_processor;
+  // The vision encoder runs when the checkpoint holds all of its weights (vision.h); only one that
+  // is incomplete (or beside a config without vision_config) is set aside.
   f.set_aside = {
       {.name = "vision encoder",
        .prefixes = {"vision_tower.", "embed_vision.", "vision_embedder."},
        .config_keys = {"vision_config"},
        .sidecars = {"optiq_vision.safetensors"},
-       .not_yet = "images not supported yet"},
+       .not_yet = "its weights are incomplete or not described: images are refused"},
       {.name = "audio encoder",
        .prefixes = {"audio_tower.", "embed_audio."},
        .config_keys = {"audio_config"},

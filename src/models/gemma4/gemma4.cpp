@@ -3,6 +3,7 @@
 #include "models/gemma4/gemma4.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <map>
@@ -11,6 +12,7 @@
 #include "layers/loader.h"
 #include "layers/mlp.h"
 #include "models/batch_prep.h"
+#include "models/gemma4/vision.h"
 
 namespace kiln {
 
@@ -81,8 +83,16 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
   if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
     r.fail("hidden_activation '" + act + "' is not supported (gelu_pytorch_tanh)");
   if (r.get_bool("attention_bias", false)) r.fail("attention_bias = true is not supported");
-  const std::string bidirectional = r.get_string("use_bidirectional_attention", "");
-  if (bidirectional == "all") r.fail("use_bidirectional_attention = \"all\" (an embedding model) is not supported");
+  // Gemma4UnifiedTextConfig defaults to "vision", Gemma4TextConfig to none
+  c.use_bidirectional_attention = r.get_string("use_bidirectional_attention", unified ? "vision" : "");
+  if (c.use_bidirectional_attention == "all")
+    r.fail("use_bidirectional_attention = \"all\" (an embedding model) is not supported");
+  else if (!c.use_bidirectional_attention.empty() && c.use_bidirectional_attention != "vision")
+    r.fail("use_bidirectional_attention '" + c.use_bidirectional_attention + "' is not supported (vision)");
+  if (c.use_bidirectional_attention == "vision")
+    c.image_attention =
+        unified ? Gemma4Config::ImageAttention::all_layers : Gemma4Config::ImageAttention::sliding_layers;
+  c.pad_token_id = r.get_int("pad_token_id", 0);
   KILN_TRY(r.status());
 
   const int64_t L = c.num_hidden_layers;
@@ -189,6 +199,9 @@ Result<Gemma4Config> parse_gemma4_config(const ModelConfigFile& file) {
     return make_error("{}: the MLP's intermediate size must be positive", file.path);
   if (c.hidden_size_per_layer_input < 0 || (c.hidden_size_per_layer_input > 0 && c.vocab_size_per_layer_input <= 0))
     return make_error("{}: per-layer input sizes must be positive", file.path);
+  if (c.hidden_size_per_layer_input > 0 && (c.pad_token_id < 0 || c.pad_token_id >= c.vocab_size_per_layer_input))
+    return make_error("{}: pad_token_id {} is outside the per-layer vocabulary of {}", file.path, c.pad_token_id,
+                      c.vocab_size_per_layer_input);
   if (c.sliding_window <= 0) return make_error("{}: sliding_window {} must be positive", file.path, c.sliding_window);
   if (!(c.rms_norm_eps > 0.0) || !std::isfinite(c.rms_norm_eps))
     return make_error("{}: rms_norm_eps {} must be positive", file.path, c.rms_norm_eps);
@@ -279,7 +292,7 @@ class Gemma4Model final : public Model {
   Gemma4Model(Gemma4Config config, Backend& backend, const ModelOptions& options)
       : config_(std::move(config)), backend_(backend), options_(options) {}
 
-  Status load(const WeightStore& store, const std::string& model_type);
+  Status load(const WeightStore& store, const ModelConfigFile& file);
 
   const ModelInfo& info() const override { return info_; }
   Backend& backend() const override { return backend_; }
@@ -287,8 +300,14 @@ class Gemma4Model final : public Model {
   Result<std::unique_ptr<SequenceState>> new_sequence(int64_t max_context) override;
   size_t decode_bytes(int64_t context, int64_t batch) const override;
   double prefill_flops(int64_t tokens) const override;
+  Result<Tensor> encode_image(const ProcessedImage& image) override;
 
  protected:
+  // Soft tokens of the text width; image spans when images attend to themselves.
+  BatchNeeds batch_needs() const override {
+    return BatchNeeds{.hidden = config_.hidden_size,
+                      .image_spans = config_.image_attention != Gemma4Config::ImageAttention::causal};
+  }
   Result<Tensor> run_impl(const PreparedBatch& batch, LogitRows rows) override;
 
  private:
@@ -298,7 +317,7 @@ class Gemma4Model final : public Model {
     Tensor mlp, router, experts;  // [T, hidden] each; router and experts in MoE layers only
   };
   void feed_forward_block(int64_t l, const FeedForwardInputs& in, const ResidualNormArgs& then);
-  Tensor per_layer_inputs(const Tensor& ids, const Tensor& embedded);
+  Tensor per_layer_inputs(const BatchLayout& batch, const Tensor& ids, const Tensor& embedded);
   Tensor norm(const Tensor& x, const Tensor& weight);
 
   Gemma4Config config_;
@@ -309,10 +328,13 @@ class Gemma4Model final : public Model {
   Tensor embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm;
   std::vector<Gemma4Layer> layers_;
   RopeTable rope_sliding_, rope_full_;
+  std::unique_ptr<Gemma4ImageEncoder> vision_;  // null: the checkpoint runs no images
+  std::string no_vision_;                       // why vision_ is null
 };
 
-Status Gemma4Model::load(const WeightStore& store, const std::string& model_type) {
+Status Gemma4Model::load(const WeightStore& store, const ModelConfigFile& file) {
   const Gemma4Config& c = config_;
+  const std::string& model_type = file.model_type;
   WeightLoader w(store, backend_);
   const int64_t H = c.hidden_size, Hq = c.num_attention_heads;
   KILN_ASSIGN(embed_tokens, w.matrix("embed_tokens.weight", Shape{c.vocab_size, H}));
@@ -387,6 +409,14 @@ Status Gemma4Model::load(const WeightStore& store, const std::string& model_type
   };
   rope_sliding_ = build(c.rope_sliding, sliding_hd);
   rope_full_ = build(c.rope_full, full_hd);
+
+  // the image front end, when the checkpoint holds one (text-only conversions drop it)
+  KILN_ASSIGN(vision_, load_gemma4_image_encoder(file, w, H, no_vision_));
+  if (vision_)
+    spdlog::info("{}: the image front end runs ({})", file.path,
+                 file.outer_model_type == "gemma4_unified" ? "the unified embedder" : "the vision tower");
+  else if (file.root.contains("vision_config") && file.root["vision_config"].is_object())
+    spdlog::warn("{}: the vision encoder does not load ({}); images are refused", file.path, no_vision_);
 
   info_ = ModelInfo{.family = "gemma4",
                     .model_type = model_type,
@@ -507,11 +537,19 @@ void Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
   const DType dt = backend_.activation_dtype();
   const RopeTable& rope = g.sliding ? rope_sliding_ : rope_full_;
 
+  // images attend to themselves (use_bidirectional_attention = "vision"): in the sliding layers
+  // within the window (gemma4), or in every layer whatever the window (gemma4_unified)
+  using ImageAttention = Gemma4Config::ImageAttention;
+  const bool image_blocks =
+      batch.soft_spans.defined() && (config_.image_attention == ImageAttention::all_layers ||
+                                     (config_.image_attention == ImageAttention::sliding_layers && g.sliding));
   const AttentionShape shape{.n_heads = int(Hq),
                              .n_kv_heads = int(kv),
                              .head_dim = int(hd),
                              .scale = 1.0f,  // q and k are RMS-normalised; Gemma 4 does not scale scores
-                             .window = g.sliding ? config_.sliding_window : 0};
+                             .window = g.sliding ? config_.sliding_window : 0,
+                             .blocks = image_blocks ? batch.soft_spans : Tensor(),
+                             .block_window = config_.image_attention == ImageAttention::sliding_layers};
   // the projections this layer makes: q always; k unless it reads another layer's cache; v unless
   // it is the key projection itself (k_eq_v)
   Tensor q = backend_.alloc(dt, Shape{T, Hq, hd});
@@ -585,11 +623,23 @@ void Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in, con
 
 // Per-layer inputs: (per_layer_model_projection(e) · hidden^-1/2, normed per layer, plus the
 // token's own per-layer embedding · sqrt(P)) · 2^-1/2. Returns [T, L · P], layer-major per token.
-Tensor Gemma4Model::per_layer_inputs(const Tensor& ids, const Tensor& embedded) {
+// At image positions the context part reads the image's rows (e holds them) and the token part
+// the pad token's embedding (Gemma4Model.forward looks the table up with pad_token_id there).
+Tensor Gemma4Model::per_layer_inputs(const BatchLayout& batch, const Tensor& ids, const Tensor& embedded) {
   const int64_t T = ids.numel(), L = config_.num_hidden_layers, P = config_.hidden_size_per_layer_input;
   const DType dt = backend_.activation_dtype();
+  Tensor token_ids = ids;
+  if (!batch.soft.empty()) {
+    token_ids = backend_.alloc(DType::i32, Shape{T, 1});
+    backend_.copy(ids.reshape(Shape{T, 1}), token_ids);
+    for (const SoftRows& soft : batch.soft) {
+      Tensor pads = token_ids.rows_view(soft.row, soft.rows.rows());
+      backend_.fill(pads, float(config_.pad_token_id));
+    }
+    token_ids = token_ids.reshape(Shape{T});
+  }
   Tensor token_part = backend_.alloc(dt, Shape{T, L * P});
-  backend_.embed(ids, embed_tokens_per_layer, float(std::sqrt(double(P))), token_part);
+  backend_.embed(token_ids, embed_tokens_per_layer, float(std::sqrt(double(P))), token_part);
   Tensor context_part = backend_.alloc(dt, Shape{T, L * P});
   backend_.matmul(embedded, per_layer_model_projection, context_part);
   backend_.scale(context_part, float(1.0 / std::sqrt(double(config_.hidden_size))), context_part);
@@ -599,6 +649,18 @@ Tensor Gemma4Model::per_layer_inputs(const Tensor& ids, const Tensor& embedded) 
   return context_part;
 }
 
+Result<Tensor> Gemma4Model::encode_image(const ProcessedImage& image) {
+  if (!vision_) return make_error("{} runs no images: {}", info_.model_type, no_vision_);
+  try {
+    KILN_ASSIGN(Tensor rows,
+                vision_->encode(image, [this](const std::string& name, const Tensor& t) { dump(name, t); }));
+    KILN_TRY(backend_.status());
+    return rows;
+  } catch (const std::exception& e) {  // allocation failures surface here as exceptions
+    return make_error("encoding an image failed: {}", e.what());
+  }
+}
+
 Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows rows) {
   const BatchLayout& batch = prepared.layout;
   const int64_t T = batch.n_tokens, H = config_.hidden_size, P = config_.hidden_size_per_layer_input;
@@ -606,9 +668,10 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 
   Tensor h = backend_.alloc(dt, Shape{T, H});
   backend_.embed(prepared.ids, embed_tokens, float(std::sqrt(double(H))), h);  // [T, H]
+  place_soft_tokens(backend_, batch, h);                                       // images: their encoded rows, unscaled
   dump("embed_tokens", h);
   Tensor ple;
-  if (P > 0) ple = per_layer_inputs(prepared.ids, h);  // [T, L·P]
+  if (P > 0) ple = per_layer_inputs(batch, prepared.ids, h);  // [T, L·P]
 
   const int64_t L = config_.num_hidden_layers;
   const float eps = float(config_.rms_norm_eps);
@@ -680,7 +743,7 @@ Result<std::unique_ptr<Model>> load_gemma4(const ModelConfigFile& file, const We
                                            const ModelOptions& options) {
   KILN_ASSIGN(Gemma4Config config, parse_gemma4_config(file));
   auto model = std::make_unique<Gemma4Model>(std::move(config), backend, options);
-  KILN_TRY(model->load(weights, file.model_type));
+  KILN_TRY(model->load(weights, file));
   return std::unique_ptr<Model>(std::move(model));
 }
 

@@ -5,8 +5,12 @@
 // heads, attention_k_eq_v, q/k/v norms, attention scale 1, default and "proportional" RoPE,
 // per-layer inputs (e2b/e4b), KV sharing and the double-wide MLP, layer_scalar, the MoE block
 // (26B-A4B), GeGLU, final logit softcapping, tied embeddings.
-// Leaves out: the vision and audio encoders (set aside, see family.cpp), bidirectional attention
-// over image tokens.
+// Images (the wrappers): encode_image runs the image front end (vision.h); a chunk's soft tokens
+// replace their placeholders' embeddings unscaled, the per-layer inputs see the pad token there,
+// and with use_bidirectional_attention = "vision" an image's tokens attend to each other (so an
+// image must come within one chunk).
+// Leaves out: the audio encoders (set aside, see family.cpp), video, use_bidirectional_attention =
+// "all" (embedding models).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -52,6 +56,17 @@ struct Gemma4Config {
   int64_t moe_intermediate_size = 0;
   bool tie_word_embeddings = true;
   int64_t max_position_embeddings = 0;
+  int64_t pad_token_id = 0;                 // what the per-layer inputs look up at image positions
+  std::string use_bidirectional_attention;  // "" or "vision"
+
+  // How image tokens see each other, from use_bidirectional_attention = "vision" and what
+  // transformers 5.17 builds for the model type:
+  //   sliding_layers (gemma4, Gemma4Model.forward → create_masks_for_vision_model): sliding layers
+  //     AND(window, OR(causal, same image)); full layers causal.
+  //   all_layers (gemma4_unified, Gemma4UnifiedModel.forward → create_masks_for_generate with
+  //     block_sequence_ids): every layer OR(its causal or sliding mask, same image).
+  enum class ImageAttention { causal, sliding_layers, all_layers };
+  ImageAttention image_attention = ImageAttention::causal;
 
   // Resolved per layer from either config form: the released checkpoints' global_head_dim /
   // num_global_key_value_heads, or transformers 5.x's per_layer_config.

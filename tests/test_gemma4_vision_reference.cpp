@@ -204,7 +204,7 @@ Mat unified_reference(const Checkpoint& w, const nlohmann::json& vc, int64_t tex
   const int64_t D = vc["mm_embed_dim"], S = vc["mm_posemb_size"];
   const double eps = vc.value("rms_norm_eps", 1e-6);
   const int64_t P = image.pixels.rows(), V = image.pixels.cols(), cols = image.grid[1];
-  const std::string e = "embed_vision.";
+  const std::string e = "vision_embedder.";  // the released names (towers.cpp)
   Mat x(image.pixels.data_as<float>(), image.pixels.data_as<float>() + P * V);
   layer_norm_rows(x, V, w.get(e + "patch_ln1.weight"), w.get(e + "patch_ln1.bias"));
   Mat h = linear(x, P, V, w.get(e + "patch_dense.weight"), D);
@@ -219,7 +219,7 @@ Mat unified_reference(const Checkpoint& w, const nlohmann::json& vc, int64_t tex
   (void)S;
   layer_norm_rows(h, D, w.get(e + "pos_norm.weight"), w.get(e + "pos_norm.bias"));
   rms_rows(h, D, nullptr, eps);
-  return linear(h, P, D, w.get(e + "multimodal_embedder.embedding_projection.weight"), text_hidden);
+  return linear(h, P, D, w.get("embed_vision.embedding_projection.weight"), text_hidden);
 }
 
 class FrontEndReference : public testing::TestWithParam<FrontEnd> {};

@@ -1,6 +1,9 @@
-// kiln logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--prefill-chunk N] [--dump DIR]
+// kiln logits MODEL_DIR --ids 1,2,3 [--image PATH]... --out FILE.npy [--prefill-chunk N] [--dump DIR]
 // Writes f32 logits [len(ids), vocab] for every position: kiln's public parity check. With
-// --dump DIR, also each layer's named activations, to compare with the oracle's layer by layer.
+// --image, the ids are the Hugging Face processor's input_ids (each image's placeholder already
+// expanded to its run of soft tokens) and the images are the files the processor was given, in
+// order: kiln decodes and preprocesses them itself. With --dump DIR, also each layer's named
+// activations, to compare with the oracle's layer by layer.
 #include <spdlog/spdlog.h>
 
 #include <charconv>
@@ -9,9 +12,13 @@
 #include "cli/model_source.h"
 #include "cli/validators.h"
 #include "core/npy.h"
+#include "image/image.h"
 #include "models/activation_dump.h"
+#include "models/family.h"
+#include "models/image_processor.h"
 #include "models/model.h"
 #include "runtime/prefill.h"
+#include "runtime/prompt_images.h"
 
 namespace kiln::cli {
 
@@ -42,6 +49,7 @@ struct LogitsOptions {
   std::string ids;
   std::string out;
   std::string dump_dir;
+  std::vector<std::string> images;
   int64_t prefill_chunk = 0;
   RunOptions run;
 };
@@ -60,7 +68,24 @@ Status run_logits(const LogitsOptions& o) {
   KILN_ASSIGN(auto state, model->new_sequence(int64_t(ids.size())));
   ActivationRecorder recorder;
   if (!o.dump_dir.empty()) model->set_activation_dump(&recorder);
-  KILN_ASSIGN(Tensor logits, run_tokens(*model, *state, ids, model_options.max_chunk_tokens, LogitRows::all));
+  PromptImages placed;
+  if (!o.images.empty()) {
+    KILN_ASSIGN(ModelConfigFile config, read_model_config_file(o.model_dir + "/config.json"));
+    KILN_ASSIGN(const ModelFamily* family, family_of(config));
+    if (!family->image_processor) return make_error("{} models take no images", family->name);
+    KILN_ASSIGN(auto processor, family->image_processor(o.model_dir, config));
+    std::vector<ProcessedImage> processed;
+    for (const std::string& path : o.images) {
+      KILN_ASSIGN(RgbImage image, read_image(path));
+      auto p = processor->process(image);
+      if (!p.ok()) return make_error("{}: {}", path, p.error().message);
+      processed.push_back(std::move(p).value());
+    }
+    KILN_ASSIGN(placed, place_images(*model, *family, config, processor->placeholder(), ids, processed));
+  }
+  KILN_ASSIGN(Tensor logits,
+              placed.empty() ? run_tokens(*model, *state, ids, model_options.max_chunk_tokens, LogitRows::all)
+                             : run_prompt(*model, *state, ids, placed, model_options.max_chunk_tokens, LogitRows::all));
   model->set_activation_dump(nullptr);
   if (!o.dump_dir.empty()) {
     KILN_TRY(recorder.write_npy_dir(o.dump_dir));
@@ -81,6 +106,8 @@ void add_logits_command(CLI::App& app, Action& action, const Environment& env) {
       ->required();
   cmd->add_option("--ids", options->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", options->out, "Output .npy file (float32 [ids, vocab])")->required();
+  cmd->add_option("--image", options->images,
+                  "An image of the prompt, in order (repeatable); --ids then holds each image's soft-token run");
   cmd->add_option("--dump", options->dump_dir,
                   "Also write each layer's named activations (layers.N.self_attn, layers.N, ...) as DIR/NAME.npy");
   cmd->add_option("--prefill-chunk", options->prefill_chunk,

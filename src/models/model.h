@@ -119,12 +119,10 @@ class Model {
   // runs no images.
   virtual Result<Tensor> encode_image(const ProcessedImage& image);
 
- protected:
   // What the model's batches carry beyond token ids (images, laid-out rotary positions); none by
   // default, and prepare refuses a batch that carries them.
   virtual BatchNeeds batch_needs() const { return {}; }
 
- public:
   // What load_model set aside of the checkpoint, in one entry per part.
   const std::vector<SetAsideFinding>& set_aside() const { return set_aside_; }
   void set_set_aside(std::vector<SetAsideFinding> parts) { set_aside_ = std::move(parts); }

@@ -367,7 +367,9 @@ class Gemma4UnifiedVision final : public Gemma4ImageEncoder {
 
   Status load(Fetch& f) {
     const int64_t D = c_.mm_embed_dim, S = c_.mm_posemb_size;
-    const std::string e = "embed_vision.";
+    // the released checkpoint's names, which transformers' save_pretrained writes too (it renames
+    // its modules' embed_vision.{patch_ln1, ...} and embed_vision.multimodal_embedder back on save)
+    const std::string e = "vision_embedder.";
     KILN_ASSIGN(patch_ln1_, load_layer_norm(f, e + "patch_ln1", patch_values()));
     KILN_ASSIGN(patch_dense_, f.matrix(e + "patch_dense.weight", Shape{D, patch_values()}));
     KILN_ASSIGN(patch_dense_bias_, f.vector(e + "patch_dense.bias", Shape{D}));
@@ -378,7 +380,7 @@ class Gemma4UnifiedVision final : public Gemma4ImageEncoder {
       return make_error("the unified vision embedder's pos_embedding is quantized; kiln reads it unquantized");
     if (pos_embedding_.defined()) pos_embedding_ = pos_embedding_.reshape(Shape{2 * S, D});
     KILN_ASSIGN(pos_norm_, load_layer_norm(f, e + "pos_norm", D));
-    KILN_ASSIGN(embedding_projection_, f.matrix(e + "multimodal_embedder.embedding_projection.weight",
+    KILN_ASSIGN(embedding_projection_, f.matrix("embed_vision.embedding_projection.weight",
                                                 Shape{text_hidden_, c_.output_proj_dims}));
     return ok_status();
   }

@@ -12,6 +12,7 @@
 #include "io/config.h"
 #include "io/synthetic.h"
 #include "layers/batch.h"
+#include "layers/mlp.h"
 #include "layers/sequence_state.h"
 #include "ops/backend.h"
 
@@ -136,6 +137,13 @@ class Model {
 
   // Hands `t` (on the backend) to the activation dump under `name`; nothing when none is set.
   void dump(const std::string& name, const Tensor& t) const;
+  // A block's output projection (out = x · wᵀ) and the residual update `then` that reads it: one
+  // fused op, or while dumping the two apart, `out` recorded as "layers.<layer>.<block>" between them
+  // (the fused op may not store `out`).
+  void project_to_residual(int64_t layer, const char* block, const Tensor& x, const Tensor& w, Tensor& out,
+                           const ResidualNormArgs& then);
+  // The dense GLU MLP block ("layers.<layer>.mlp") and the residual update that reads it, likewise.
+  void mlp_to_residual(int64_t layer, const Tensor& x, const GluMlp& mlp, Activation act, const ResidualNormArgs& then);
   bool dumping() const { return dump_ != nullptr; }
 
  private:

@@ -90,6 +90,25 @@ void Model::dump(const std::string& name, const Tensor& t) const {
   dump_->record(name, backend().to_host(t));
 }
 
+void Model::project_to_residual(int64_t layer, const char* block, const Tensor& x, const Tensor& w, Tensor& out,
+                                const ResidualNormArgs& then) {
+  if (!dumping()) return output_projection(backend(), x, w, out, &then);
+  output_projection(backend(), x, w, out, nullptr);
+  dump(fmt::format("layers.{}.{}", layer, block), out);
+  backend().residual_norm(reading(then, out));
+}
+
+void Model::mlp_to_residual(int64_t layer, const Tensor& x, const GluMlp& mlp, Activation act,
+                            const ResidualNormArgs& then) {
+  if (!dumping()) {
+    glu_mlp(backend(), x, mlp, act, &then);
+    return;
+  }
+  Tensor out = glu_mlp(backend(), x, mlp, act);
+  dump(fmt::format("layers.{}.mlp", layer), out);
+  backend().residual_norm(reading(then, out));
+}
+
 Result<Tensor> Model::forward(std::span<const SeqChunk> batch, LogitRows rows) {
   KILN_ASSIGN(PreparedBatch prepared, prepare(batch));
   KILN_ASSIGN(Tensor logits, run(prepared, rows));

@@ -581,10 +581,7 @@ void Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
     attn = cached_attention(backend_, batch, int(l), q, nullptr, nullptr, shape);
   }
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
-  if (!dumping()) return output_projection(backend_, attn, w.o_proj, out, &then);
-  output_projection(backend_, attn, w.o_proj, out, nullptr);  // unfused: the fused op may not store `out`
-  dump(fmt::format("layers.{}.self_attn", l), out);
-  backend_.residual_norm(reading(then, out));
+  project_to_residual(l, "self_attn", attn, w.o_proj, out, then);
 }
 
 // The feed-forward block reads the post-attention residual h through up to three norms: the dense
@@ -593,13 +590,7 @@ void Gemma4Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
 void Gemma4Model::feed_forward_block(int64_t l, const FeedForwardInputs& in, const ResidualNormArgs& then) {
   const Gemma4Layer& w = layers_[size_t(l)];
   if (!config_.enable_moe_block) {
-    if (!dumping()) {
-      glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh, &then);
-      return;
-    }
-    Tensor mlp = glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh);
-    dump(fmt::format("layers.{}.mlp", l), mlp);
-    backend_.residual_norm(reading(then, mlp));
+    mlp_to_residual(l, in.mlp, w.mlp, Activation::gelu_tanh, then);
     return;
   }
   Tensor mlp = glu_mlp(backend_, in.mlp, w.mlp, Activation::gelu_tanh);

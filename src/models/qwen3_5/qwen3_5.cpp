@@ -494,22 +494,13 @@ void Qwen35Model::attention_block(const BatchLayout& batch, int64_t l, const Ten
           .n_heads = int(Hq), .n_kv_heads = int(kv), .head_dim = int(hd), .scale = float(1.0 / std::sqrt(double(hd)))},
       gate);
   Tensor out = backend_.alloc(dt, Shape{T, config_.hidden_size});
-  if (!dumping()) return output_projection(backend_, attn, w.o_proj, out, &then);
-  output_projection(backend_, attn, w.o_proj, out, nullptr);  // unfused: the fused op may not store `out`
-  dump(fmt::format("layers.{}.self_attn", l), out);
-  backend_.residual_norm(reading(then, out));
+  project_to_residual(l, "self_attn", attn, w.o_proj, out, then);
 }
 
 void Qwen35Model::feed_forward_block(int64_t l, const Tensor& x, const ResidualNormArgs& then) {
   const Qwen35Layer& w = layers_[size_t(l)];
   if (config_.num_experts == 0) {
-    if (!dumping()) {
-      glu_mlp(backend_, x, w.mlp, Activation::silu, &then);
-      return;
-    }
-    Tensor mlp = glu_mlp(backend_, x, w.mlp, Activation::silu);
-    dump(fmt::format("layers.{}.mlp", l), mlp);
-    backend_.residual_norm(reading(then, mlp));
+    mlp_to_residual(l, x, w.mlp, Activation::silu, then);
     return;
   }
   const bool shared = config_.shared_expert_intermediate_size > 0;

@@ -72,16 +72,15 @@ Status run_logits(const LogitsOptions& o) {
   if (!o.images.empty()) {
     KILN_ASSIGN(ModelConfigFile config, read_model_config_file(o.model_dir + "/config.json"));
     KILN_ASSIGN(const ModelFamily* family, family_of(config));
-    if (!family->image_processor) return make_error("{} models take no images", family->name);
-    KILN_ASSIGN(auto processor, family->image_processor(o.model_dir, config));
+    KILN_ASSIGN(auto input, ImageInput::load(o.model_dir, config, *family, model->batch_needs()));
+    if (!input) return make_error("this model takes no images (its family or checkpoint has no vision tower)");
     std::vector<ProcessedImage> processed;
     for (const std::string& path : o.images) {
-      KILN_ASSIGN(RgbImage image, read_image(path));
-      auto p = processor->process(image);
-      if (!p.ok()) return make_error("{}: {}", path, p.error().message);
-      processed.push_back(std::move(p).value());
+      KILN_ASSIGN(ProcessedImage image, input->read_file(path));
+      processed.push_back(std::move(image));
     }
-    KILN_ASSIGN(placed, place_images(*model, *family, config, processor->placeholder(), ids, processed));
+    KILN_ASSIGN(const ImageLayout layout, input->lay_out(ids, std::move(processed)));
+    KILN_ASSIGN(placed, encode_images(*model, layout));
   }
   KILN_ASSIGN(Tensor logits,
               placed.empty() ? run_tokens(*model, *state, ids, model_options.max_chunk_tokens, LogitRows::all)

@@ -12,10 +12,11 @@ bool is_prefix(std::span<const int32_t> prefix, std::span<const int32_t> tokens)
 
 }  // namespace
 
-PrefixCache::Hit PrefixCache::lookup(std::span<const int32_t> tokens) {
+PrefixCache::Hit PrefixCache::lookup(std::span<const int32_t> tokens, const std::function<bool(int64_t)>& usable) {
   auto best = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->tokens.size() >= tokens.size() || !is_prefix(it->tokens, tokens)) continue;
+    if (usable && !usable(int64_t(it->tokens.size()))) continue;
     if (best == entries_.end() || it->tokens.size() > best->tokens.size()) best = it;
   }
   if (best == entries_.end()) return {};

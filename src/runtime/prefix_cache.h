@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <span>
@@ -27,8 +28,9 @@ class PrefixCache {
     const SequenceState* state = nullptr;  // valid until the next insert
   };
   // The longest entry whose tokens are a proper prefix of `tokens` (at least one token is left to
-  // run, so the caller gets logits). tokens == 0 when nothing matches.
-  Hit lookup(std::span<const int32_t> tokens);
+  // run, so the caller gets logits) and, when given, whose length `usable` accepts. tokens == 0
+  // when nothing matches.
+  Hit lookup(std::span<const int32_t> tokens, const std::function<bool(int64_t)>& usable = {});
 
   // Stores a snapshot of `state`, which holds exactly `tokens`. Does nothing when an entry for
   // these tokens exists or one snapshot alone exceeds the budget.

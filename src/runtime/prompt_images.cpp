@@ -1,26 +1,51 @@
 #include "runtime/prompt_images.h"
 
+#include <openssl/evp.h>
+
 #include <algorithm>
 #include <cstring>
-
-#include "models/image_processor.h"
+#include <memory>
 
 namespace kiln {
 
-Result<PromptImages> place_images(Model& model, const ModelFamily& family, const ModelConfigFile& config,
-                                  const ImagePlaceholder& placeholder, std::span<const int32_t> ids,
-                                  std::span<const ProcessedImage> images) {
-  PromptImages out;
+namespace {
+
+// SHA-256 of an image's pixels and grid, cut to 64 bits: a client cannot make two different images
+// share a key in the prefix cache (and so another request's cached state).
+Result<uint64_t> content_hash(const ProcessedImage& image) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), image.grid.data(), image.grid.size() * sizeof(int64_t)) != 1 ||
+      EVP_DigestUpdate(ctx.get(), image.pixels.data(), image.pixels.nbytes()) != 1 ||
+      EVP_DigestFinal_ex(ctx.get(), digest, &length) != 1 || length < 8)
+    return make_error("could not hash an image (OpenSSL's SHA-256 failed)");
+  uint64_t h = 0;
+  std::memcpy(&h, digest, 8);
+  return h;
+}
+
+// splitmix64's finaliser: the key values of an image's run, one per position.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+Result<ImageLayout> lay_out_images(const BatchNeeds& needs, const ModelFamily& family, const ModelConfigFile& config,
+                                   const ImagePlaceholder& placeholder, std::span<const int32_t> ids,
+                                   std::vector<ProcessedImage> images) {
+  ImageLayout out;
   out.prompt_tokens = int64_t(ids.size());
-  const BatchNeeds needs = model.batch_needs();
   out.whole = needs.image_spans;
-  KILN_ASSIGN(std::vector<int64_t> offsets, find_image_runs(ids, placeholder, images));
-  for (size_t i = 0; i < images.size(); ++i) {
-    KILN_ASSIGN(Tensor rows, model.encode_image(images[i]));
-    if (rows.rows() != images[i].soft_tokens)
-      return make_error("image {}: the encoder gave {} rows for {} soft tokens", i + 1, rows.rows(),
-                        images[i].soft_tokens);
-    out.images.push_back(PromptImages::Placed{.offset = offsets[i], .rows = std::move(rows)});
+  KILN_ASSIGN(out.offsets, find_image_runs(ids, placeholder, images));
+  for (const auto& image : images) {
+    KILN_ASSIGN(const uint64_t hash, content_hash(image));
+    out.hashes.push_back(hash);
   }
   if (needs.rope_axes > 0 && family.rope_positions) {
     std::vector<std::vector<int64_t>> grids;
@@ -31,19 +56,94 @@ Result<PromptImages> place_images(Model& model, const ModelFamily& family, const
                         ids.size(), needs.rope_axes);
     out.rope_axes = needs.rope_axes;
   }
+  out.images = std::move(images);
   return out;
+}
+
+std::vector<int32_t> image_cache_key(std::span<const int32_t> ids, const ImageLayout& layout) {
+  std::vector<int32_t> key(ids.begin(), ids.end());
+  for (size_t i = 0; i < layout.images.size(); ++i) {
+    const int64_t begin = layout.offsets[i];
+    const int64_t end = std::min<int64_t>(begin + layout.images[i].soft_tokens, int64_t(key.size()));
+    for (int64_t t = begin; t < end; ++t)
+      key[size_t(t)] = int32_t(0x80000000u | uint32_t(mix(layout.hashes[i] + uint64_t(t - begin))));
+  }
+  return key;
+}
+
+Result<PromptImages> encode_images(Model& model, const ImageLayout& layout, int64_t from) {
+  PromptImages out;
+  out.prompt_tokens = layout.prompt_tokens;
+  out.whole = layout.whole;
+  out.rope_axes = layout.rope_axes;
+  out.positions = layout.positions;
+  for (size_t i = 0; i < layout.images.size(); ++i) {
+    const ProcessedImage& image = layout.images[i];
+    PromptImages::Placed placed{.offset = layout.offsets[i], .tokens = image.soft_tokens};
+    if (placed.offset + placed.tokens > from) {
+      KILN_ASSIGN(placed.rows, model.encode_image(image));
+      if (placed.rows.rows() != image.soft_tokens)
+        return make_error("image {}: the encoder gave {} rows for {} soft tokens", i + 1, placed.rows.rows(),
+                          image.soft_tokens);
+    }
+    out.images.push_back(std::move(placed));
+  }
+  return out;
+}
+
+Result<std::unique_ptr<ImageInput>> ImageInput::load(const std::string& model_dir, const ModelConfigFile& config,
+                                                     const ModelFamily& family, const BatchNeeds& needs,
+                                                     ImageLimits limits) {
+  if (!family.image_processor || !needs.hidden > 0) return std::unique_ptr<ImageInput>();
+  std::unique_ptr<ImageInput> input(new ImageInput());
+  KILN_ASSIGN(input->processor_, family.image_processor(model_dir, config));
+  input->family_ = &family;
+  input->config_ = config;
+  input->needs_ = needs;
+  input->limits_ = limits;
+  return input;
+}
+
+Result<ProcessedImage> ImageInput::read(std::span<const uint8_t> bytes, const std::string& name) const {
+  KILN_ASSIGN(RgbImage image, decode_image(bytes, name, limits_));
+  auto processed = processor_->process(image);
+  if (!processed.ok()) return make_error("{}: {}", name, processed.error().message);
+  return processed;
+}
+
+Result<ProcessedImage> ImageInput::read_file(const std::string& path) const {
+  KILN_ASSIGN(RgbImage image, read_image(path, limits_));
+  auto processed = processor_->process(image);
+  if (!processed.ok()) return make_error("{}: {}", path, processed.error().message);
+  return processed;
+}
+
+Result<std::string> ImageInput::expand(std::string_view text, std::span<const ProcessedImage> images) const {
+  return expand_image_placeholders(text, placeholder(), images);
+}
+
+Result<ImageLayout> ImageInput::lay_out(std::span<const int32_t> ids, std::vector<ProcessedImage> images) const {
+  return lay_out_images(needs_, *family_, config_, placeholder(), ids, std::move(images));
+}
+
+Result<PromptImages> place_images(Model& model, const ModelFamily& family, const ModelConfigFile& config,
+                                  const ImagePlaceholder& placeholder, std::span<const int32_t> ids,
+                                  std::vector<ProcessedImage> images) {
+  KILN_ASSIGN(const ImageLayout layout,
+              lay_out_images(model.batch_needs(), family, config, placeholder, ids, std::move(images)));
+  return encode_images(model, layout);
 }
 
 ChunkInputs chunk_inputs(const PromptImages& images, int64_t begin, int64_t end) {
   ChunkInputs in;
   for (const auto& image : images.images) {
     const int64_t first = std::max(begin, image.offset);
-    const int64_t last = std::min(end, image.offset + image.rows.rows());
+    const int64_t last = std::min(end, image.offset + image.tokens);
     if (first >= last) continue;
     in.soft.push_back(SoftTokens{.offset = first - begin,
                                  .rows = image.rows.rows_view(first - image.offset, last - first),
                                  .first = first - image.offset,
-                                 .image_rows = image.rows.rows()});
+                                 .image_rows = image.tokens});
   }
   if (!images.positions.empty()) {
     const int64_t n = end - begin;
@@ -59,16 +159,15 @@ Result<int64_t> chunk_end(const PromptImages& images, int64_t begin, int64_t end
   int64_t stop = std::min(end, begin + max_tokens);
   if (!images.whole) return stop;
   for (const auto& image : images.images) {
-    const int64_t image_end = image.offset + image.rows.rows();
+    const int64_t image_end = image.offset + image.tokens;
     if (image.offset >= stop || image_end <= stop || image_end <= begin) continue;
     // the chunk would split this image
     if (image.offset > begin) return image.offset;
     return make_error("an image of {} soft tokens does not fit a chunk of {} tokens; raise the prefill chunk",
-                      image.rows.rows(), max_tokens);
+                      image.tokens, max_tokens);
   }
   return stop;
 }
-
 Result<Tensor> run_prompt(Model& model, SequenceState& state, std::span<const int32_t> ids, const PromptImages& images,
                           int64_t chunk, LogitRows rows) {
   if (ids.empty()) return make_error("no tokens to run");

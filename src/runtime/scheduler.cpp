@@ -66,6 +66,9 @@ struct Scheduler::Slot {
   GenerationParams params;
   std::unique_ptr<Sampler> sampler;
   std::vector<int32_t> history;  // prompt, then generated tokens (penalties look at all)
+  std::vector<int32_t> key;      // the prompt as the prefix cache knows it (image runs by content)
+  PromptImages images;           // the prompt's encoded images, until it is prefilled
+  ChunkInputs chunk;             // what this step's prompt chunk carries (its images, positions)
   int64_t prefilled = 0;         // prompt tokens in the state
   int64_t generated = 0;
   int32_t next = 0;  // the token the next decode step feeds
@@ -116,6 +119,19 @@ Result<std::shared_ptr<Generation>> Scheduler::submit(GenerationParams params) {
       if (id < 0 || id >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", id, vocab);
   for (int32_t opener : {params.forced.opener, params.forced.reasoning_opener})
     if (opener >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", opener, vocab);
+  if (const ImageLayout* images = params.images.get()) {
+    if (images->prompt_tokens != n || images->offsets.size() != images->images.size())
+      return make_error("the prompt's images were laid out for another prompt");
+    for (size_t i = 0; i < images->images.size(); ++i) {
+      const int64_t tokens = images->images[i].soft_tokens;
+      if (images->offsets[i] < 0 || images->offsets[i] + tokens > n)
+        return make_error("image {} lies outside the prompt", i + 1);
+      // attended bidirectionally, an image runs in one forward call
+      if (images->whole && tokens > model_.max_chunk_tokens())
+        return make_error("image {} fills {} tokens; one forward call of this model takes at most {}", i + 1, tokens,
+                          model_.max_chunk_tokens());
+    }
+  }
   auto generation = std::make_shared<Generation>();
   generation->prompt_tokens_ = n;
   {
@@ -160,12 +176,17 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
     // the state holds the prompt and every generated token but the last: a client that sends the
     // conversation back continues from here
     const int64_t held = slot.state->length();
-    if (held > 0 && held <= int64_t(slot.history.size()))
-      cache_.insert(std::span(slot.history).first(size_t(held)), *slot.state, model_.backend());
+    if (held > 0 && held <= int64_t(slot.history.size())) {
+      std::vector<int32_t> key = slot.key;
+      key.insert(key.end(), slot.history.begin() + int64_t(slot.key.size()), slot.history.begin() + held);
+      cache_.insert(key, *slot.state, model_.backend());
+    }
   }
   slot.generation->finish(reason, error);
   slot.generation.reset();
   slot.sampler.reset();
+  slot.images = {};
+  slot.chunk = {};
   std::lock_guard lock(stats_mutex_);
   ++stats_.requests_finished;
 }
@@ -201,13 +222,31 @@ void Scheduler::admit() {
     s.history = s.params.prompt;
     s.generated = 0;
     s.admitted = Clock::now();
-    const PrefixCache::Hit hit = cache_.lookup(s.params.prompt);
+    const ImageLayout* images = s.params.images.get();
+    s.key = images ? image_cache_key(s.params.prompt, *images) : s.params.prompt;
+    // a prompt resumes only between images that run whole (the cache's entries never split one)
+    const PrefixCache::Hit hit = cache_.lookup(s.key, [&](int64_t tokens) {
+      if (!images || !images->whole) return true;
+      for (size_t i = 0; i < images->images.size(); ++i)
+        if (images->offsets[i] < tokens && tokens < images->offsets[i] + images->images[i].soft_tokens) return false;
+      return true;
+    });
     if (hit.tokens > 0) {
       s.state->restore(model_.backend(), *hit.state);
     } else {
       s.state->reset(model_.backend());
     }
     s.prefilled = hit.tokens;
+    if (images) {
+      auto encoded = encode_images(model_, *images, hit.tokens);
+      if (!encoded.ok()) {
+        spdlog::warn("a request's images could not be encoded: {}", encoded.error().message);
+        s.generation->cached_tokens_ = hit.tokens;
+        finish(s, FinishReason::error, encoded.error().message);
+        continue;
+      }
+      s.images = std::move(encoded).value();
+    }
     s.generation->cached_tokens_ = hit.tokens;
     std::lock_guard lock(stats_mutex_);
     stats_.cached_tokens += hit.tokens;
@@ -240,10 +279,27 @@ Status Scheduler::step() {
       if (const int64_t keep = slot->params.keep_prefix; keep > slot->prefilled)
         n = std::min(n, keep - slot->prefilled);
     }
+    if (!slot->images.empty()) {
+      // an image that runs whole is not split: the chunk ends before it, or takes all of it when it
+      // starts here (beyond the step's budget if need be; submit checked it fits a forward call)
+      const int64_t begin = slot->prefilled;
+      if (slot->images.whole)
+        for (const auto& image : slot->images.images) {
+          const int64_t end = image.offset + image.tokens;
+          if (image.offset >= begin + n || end <= begin + n || end <= begin) continue;
+          n = image.offset > begin ? image.offset - begin : end - begin;
+          break;
+        }
+      slot->chunk = chunk_inputs(slot->images, begin, begin + n);
+    } else {
+      slot->chunk = {};
+    }
     if (invariant && !groups.back().batch.empty()) groups.emplace_back();
     groups.back().batch.push_back(
         SeqChunk{.state = slot->state.get(),
-                 .tokens = std::span(slot->params.prompt).subspan(size_t(slot->prefilled), size_t(n))});
+                 .tokens = std::span(slot->params.prompt).subspan(size_t(slot->prefilled), size_t(n)),
+                 .soft = slot->chunk.soft,
+                 .positions = slot->chunk.positions});
     groups.back().owners.push_back(slot.get());
     budget -= n;
   }
@@ -373,13 +429,15 @@ Status Scheduler::collect(const Launched& launched) {
     if (s.prefilling()) {
       s.prefilled += int64_t(batch[i].tokens.size());
       prefilled += int64_t(batch[i].tokens.size());
-      const auto prompt = std::span<const int32_t>(s.params.prompt).first(size_t(s.prefilled));
+      const auto prompt = std::span<const int32_t>(s.key).first(size_t(s.prefilled));
       const bool boundary = s.prefilled % options_.cache_block == 0 || s.prefilled == s.params.keep_prefix;
       if (s.prefilling()) {
         if (boundary) cache_.insert(prompt, *s.state, model_.backend());
         continue;
       }
       cache_.insert(prompt, *s.state, model_.backend());
+      s.images = {};  // the encodings' device memory goes back
+      s.chunk = {};
       s.generation->prompt_seconds_ = std::chrono::duration<double>(Clock::now() - s.admitted).count();
     }
     if (s.generation->cancelled()) continue;  // freed at the next step

@@ -27,6 +27,7 @@
 #include "runtime/decode_loop.h"
 #include "runtime/forced_tokens.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/prompt_images.h"
 #include "runtime/sampler.h"
 
 namespace kiln {
@@ -57,6 +58,10 @@ struct GenerationParams {
   // With a prefix cache: the state after this many prompt tokens is kept too (a conversation up to
   // the new turn's header, which the next turn's prompt starts with). 0: none.
   int64_t keep_prefix = 0;
+  // The prompt's images, laid out for this model (null: none). They are encoded when the generation
+  // is admitted, those the prefix cache already holds excepted; the cache keys each image's run by
+  // the image's content.
+  std::shared_ptr<const ImageLayout> images;
 };
 
 enum class FinishReason { running, stop, length, cancelled, error };

@@ -43,12 +43,22 @@ struct LoadOptions {
   bool use_generation_config = true;
   // A request's greedy output does not depend on what else runs in the batch.
   bool batch_invariant = true;
+  // The largest image a request may bring, in pixels (width × height as stored in its file).
+  int64_t max_image_pixels = int64_t(8192) * 8192;
+};
+
+// An image: a file (JPEG, PNG, WebP or GIF), or such a file's bytes in memory.
+struct Image {
+  std::string path;
+  std::string bytes;  // read when path is empty
 };
 
 struct Message {
   std::string role;  // system, user, assistant or tool
   std::string content;
   std::string reasoning;  // an assistant's reasoning (templates that show it read it)
+  // Images the message shows, before its text (for models with a vision tower).
+  std::vector<Image> images;
 };
 
 // Unset fields take the model's generation_config.json values, then kiln's defaults.
@@ -69,6 +79,11 @@ struct Request {
   std::vector<Message> messages;
   std::string text;
   std::vector<int32_t> ids;
+  // Images of a text or ids prompt, in order: each at a placeholder the text writes (the model's
+  // image token, e.g. "<|image|>" for Gemma 4, "<|image_pad|>" for Qwen 3.5, with the frame its
+  // chat template would write), or at a run of image tokens the ids hold, as long as its soft
+  // tokens (the Hugging Face processor's input_ids).
+  std::vector<Image> images;
   // Chat only: the template's enable_thinking (unset: the template's default), and tools as an
   // OpenAI-style JSON array (empty: none), whose calls come back as events' tool_calls.
   std::optional<bool> enable_thinking;

@@ -1,11 +1,13 @@
-// kiln chat MODEL_DIR [--system TEXT] [sampling options]
+// kiln chat MODEL_DIR [--system TEXT] [--image PATH]... [sampling options]
 // An interactive chat in the terminal, a client of the engine API. The conversation's state stays
 // on the device between turns (the scheduler's prefix cache): each turn prefills only what follows
 // the previous turn's messages (the last answer as the template renders it, and the new message).
-// Ctrl-C stops the current answer; Ctrl-D or /exit ends the chat.
+// Ctrl-C stops the current answer; Ctrl-D or /exit ends the chat. Images (--image, or /image PATH
+// in the chat) go with the next message.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include "cli/generation.h"
@@ -20,6 +22,7 @@ struct ChatOptions {
   std::string model_dir;
   std::string system;
   bool enable_thinking = false;
+  std::vector<std::string> images;
   GenerationOptions generation;
   RunOptions run;
 };
@@ -53,6 +56,8 @@ Status run_chat(const ChatOptions& o) {
       return make_error("{}: the chat template does not render a conversation: {}", o.model_dir, probe.error().message);
   }
 
+  std::vector<Image> pending;  // images for the next message
+  for (const std::string& path : o.images) pending.push_back(Image{.path = path});
   catch_interrupts();
   fmt::print(stderr, "kiln chat: {} ({}). Ctrl-C stops an answer, Ctrl-D or /exit ends.\n", o.model_dir,
              model.model_type);
@@ -68,14 +73,26 @@ Status run_chat(const ChatOptions& o) {
       break;
     }
     if (line == "/exit") break;
+    if (line.rfind("/image ", 0) == 0) {
+      std::string path = line.substr(7);
+      while (!path.empty() && path.back() == ' ') path.pop_back();
+      if (!std::filesystem::is_regular_file(path)) {
+        fmt::print(stderr, "kiln: error: {}: no such file\n", path);
+      } else {
+        pending.push_back(Image{.path = path});
+        fmt::print(stderr, "[{} image{} for the next message]\n", pending.size(), pending.size() > 1 ? "s" : "");
+      }
+      continue;
+    }
     if (line.empty()) continue;
-    messages.push_back({.role = "user", .content = line});
+    messages.push_back({.role = "user", .content = line, .images = pending});
     auto stream = engine->submit(request());
     if (!stream.ok()) {
       messages.pop_back();
       fmt::print(stderr, "kiln: error: {}\n", one_line(stream.error().message));
       continue;
     }
+    pending.clear();
     const Printed answer = print_stream(**stream);
     if (answer.finish == Finish::error) {
       messages.pop_back();
@@ -102,6 +119,8 @@ void add_chat_command(CLI::App& app, Action& action, const Environment& env) {
                   "Model directory or Hugging Face id ORG/NAME[@REV] in the cache (default: the bundled demo model)");
   cmd->add_option("--system", options->system, "A system message");
   cmd->add_flag("--enable-thinking", options->enable_thinking, "Let the model think before answering");
+  cmd->add_option("--image", options->images, "An image for the first message (repeatable; /image PATH adds more)")
+      ->check(CLI::ExistingFile);
   add_sampling_options(*cmd, options->generation);
   add_run_options(*cmd, options->run);
   cmd->callback([options, &action, &env] {

@@ -1,8 +1,10 @@
-// kiln generate MODEL_DIR --prompt TEXT [--raw] [--max-tokens N] [--temp T] [--top-p P] [--top-k K]
-//                         [--min-p M] [--seed S] [--stop S]... [--ids 1,2,3]
+// kiln generate MODEL_DIR --prompt TEXT [--image PATH]... [--raw] [--max-tokens N] [--temp T] [--top-p P]
+//                         [--top-k K] [--min-p M] [--seed S] [--stop S]... [--ids 1,2,3]
 // Streams the completion to stdout (the model's chat template applied unless --raw) and reports
 // prompt and decode speed on stderr. With --ids the prompt is token ids and the output is the
-// generated ids (a JSON array), which needs no tokenizer. A client of the engine API: one request
+// generated ids (a JSON array), which needs no tokenizer. --image shows the model an image (before
+// the prompt in the user message; with --raw at each image placeholder of the text; with --ids at
+// each run of image tokens, as the Hugging Face processor expands them). A client of the engine API: one request
 // through the scheduler, with the server's stop strings, limits and output parsing; Ctrl-C stops it.
 #include <fmt/format.h>
 
@@ -22,6 +24,7 @@ struct GenerateOptions {
   std::string prompt;
   std::string ids;
   bool raw = false;
+  std::vector<std::string> images;
   GenerationOptions generation;
   RunOptions run;
 };
@@ -55,6 +58,12 @@ Result<Request> make_request(const GenerateOptions& o) {
   } else {
     request.messages = {Message{.role = "user", .content = o.prompt}};
   }
+  std::vector<Image> images;
+  for (const std::string& path : o.images) images.push_back(Image{.path = path});
+  if (request.messages.empty())
+    request.images = std::move(images);
+  else
+    request.messages.front().images = std::move(images);
   return request;
 }
 
@@ -93,6 +102,9 @@ void add_generate_command(CLI::App& app, Action& action, const Environment& env)
   auto* prompt = cmd->add_option("--prompt", options->prompt, "The prompt (a user message unless --raw)");
   cmd->add_flag("--raw", options->raw, "Feed the prompt as it is, without the chat template");
   cmd->add_option("--ids", options->ids, "Comma-separated prompt token ids; prints generated ids")->excludes(prompt);
+  cmd->add_option("--image", options->images,
+                  "An image to show the model (repeatable): before the prompt; with --raw or --ids at its placeholder")
+      ->check(CLI::ExistingFile);
   add_sampling_options(*cmd, options->generation);
   add_run_options(*cmd, options->run);
   cmd->callback([options, &action, &env] {

@@ -76,16 +76,39 @@ struct PreparedPrompt {
   std::vector<int32_t> ids;
   engine::OutputFormat format;  // plain text unless a chat is parsed
   int64_t keep_prefix = 0;
+  std::shared_ptr<const ImageLayout> images;
 };
+
+Result<std::vector<ProcessedImage>> read_images(const Engine::Impl& e, const std::vector<Image>& images,
+                                                size_t& count) {
+  std::vector<ProcessedImage> out;
+  for (const Image& image : images) {
+    KILN_ASSIGN(ProcessedImage p, engine::read_image_input(e, image, fmt::format("image {}", ++count)));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
 
 Result<PreparedPrompt> prepare(const Engine::Impl& e, const Request& r) {
   PreparedPrompt out;
+  std::vector<ProcessedImage> images;
+  size_t count = 0;
   if (!r.messages.empty()) {
     if (!e.tokenizer) return make_error("{} has no tokenizer: the prompt must be token ids", e.model_dir);
     if (!e.chat_template) return make_error("{} has no chat template ({})", e.model_dir, e.chat_template_error);
+    if (!r.images.empty()) return make_error("a chat's images belong to its messages (Message::images)");
     ChatRequest chat;
     for (const Message& m : r.messages) {
       nlohmann::ordered_json message = {{"role", m.role}, {"content", m.content}};
+      if (!m.images.empty()) {
+        // content parts, as transformers' processors hand a chat template an image
+        KILN_ASSIGN(auto read, read_images(e, m.images, count));
+        nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+        for (size_t i = 0; i < read.size(); ++i) parts.push_back({{"type", "image"}});
+        if (!m.content.empty()) parts.push_back({{"type", "text"}, {"text", m.content}});
+        message["content"] = std::move(parts);
+        for (auto& p : read) images.push_back(std::move(p));
+      }
       if (!m.reasoning.empty()) message["reasoning_content"] = m.reasoning;
       chat.messages.push_back(std::move(message));
     }
@@ -98,12 +121,19 @@ Result<PreparedPrompt> prepare(const Engine::Impl& e, const Request& r) {
       if (tools.is_discarded() || !tools.is_array()) return make_error("the tools are not a JSON array");
       if (!tools.empty()) chat.tools = nlohmann::ordered_json(tools);
     }
-    KILN_ASSIGN(const std::string text, e.chat_template->render(chat));
+    KILN_ASSIGN(std::string text, e.chat_template->render(chat));
+    if (!images.empty()) {
+      auto expanded = e.images->expand(text, images);
+      if (!expanded.ok()) return make_error("the chat template's rendering: {}", expanded.error().message);
+      text = std::move(expanded).value();
+    }
     KILN_ASSIGN(out.ids, e.tokenizer->encode(text, /*add_special_tokens=*/false));  // the template writes them
     if (r.parse_output) out.format = engine::chat_output_format(e.format, text, chat.tools ? &tools : nullptr);
     // the conversation without the new turn's header: the next turn's prompt starts with it
     chat.add_generation_prompt = false;
-    if (auto settled = e.chat_template->render(chat); settled.ok()) {
+    auto settled = e.chat_template->render(chat);
+    if (settled.ok() && !images.empty()) settled = e.images->expand(*settled, images);
+    if (settled.ok()) {
       auto settled_ids = e.tokenizer->encode(*settled, false);
       if (settled_ids.ok() && settled_ids->size() < out.ids.size() &&
           std::equal(settled_ids->begin(), settled_ids->end(), out.ids.begin()))
@@ -111,11 +141,21 @@ Result<PreparedPrompt> prepare(const Engine::Impl& e, const Request& r) {
     }
   } else if (!r.text.empty()) {
     if (!e.tokenizer) return make_error("{} has no tokenizer: the prompt must be token ids", e.model_dir);
-    KILN_ASSIGN(out.ids, e.tokenizer->encode(r.text, /*add_special_tokens=*/true));
+    KILN_ASSIGN(images, read_images(e, r.images, count));
+    std::string text = r.text;
+    if (!images.empty()) {
+      KILN_ASSIGN(text, e.images->expand(text, images));
+    }
+    KILN_ASSIGN(out.ids, e.tokenizer->encode(text, /*add_special_tokens=*/true));
   } else {
     out.ids = r.ids;
+    KILN_ASSIGN(images, read_images(e, r.images, count));
   }
   if (out.ids.empty()) return make_error("the prompt is empty");
+  if (!images.empty()) {
+    KILN_ASSIGN(ImageLayout layout, e.images->lay_out(out.ids, std::move(images)));
+    out.images = std::make_shared<const ImageLayout>(std::move(layout));
+  }
   return out;
 }
 
@@ -137,6 +177,19 @@ const char* finish_name(Finish finish) {
       return "error";
   }
   return "error";
+}
+
+std::string engine::no_images_reason(const Engine::Impl& e) {
+  if (e.images_error.empty()) return "this model takes no images";
+  if (e.images_error.find("takes no images") != std::string::npos) return e.images_error;
+  return "this model takes no images: " + e.images_error;
+}
+
+Result<ProcessedImage> engine::read_image_input(const Engine::Impl& e, const Image& image, const std::string& name) {
+  if (!e.images) return make_error("{}", no_images_reason(e));
+  if (!image.path.empty()) return e.images->read_file(image.path);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(image.bytes.data());
+  return e.images->read(std::span<const uint8_t>(bytes, image.bytes.size()), name);
 }
 
 SamplingParams engine::sampling_params(const Sampling& s, const SamplingDefaults& defaults) {
@@ -194,6 +247,19 @@ Result<std::unique_ptr<Engine>> engine::load_engine(const std::string& model_dir
     KILN_ASSIGN(impl->defaults, load_sampling_defaults(model_dir));
   }
   KILN_ASSIGN(impl->model, load_model(model_dir, *impl->backend));
+  // the image front end: a model without a vision tower has none; a broken processor config is
+  // reported to the requests that bring images, not to every request
+  if (auto config = read_model_config_file(model_dir + "/config.json"); config.ok()) {
+    if (auto family = family_of(*config); family.ok()) {
+      ImageLimits limits;
+      limits.max_pixels = options.max_image_pixels;
+      auto input = ImageInput::load(model_dir, *config, **family, impl->model->batch_needs(), limits);
+      if (input.ok())
+        impl->images = std::move(input).value();
+      else
+        impl->images_error = input.error().message;
+    }
+  }
   impl->format = output_format(impl->model->info().family, impl->tokenizer.get(),
                                impl->chat_template ? &*impl->chat_template : nullptr);
   if (options.context > 0) KILN_TRY(impl->scheduler_for(options.context));
@@ -261,12 +327,23 @@ std::variant<std::unique_ptr<engine::TextGeneration>, engine::StartError> engine
   if (auto id = biased_token_outside(start.sampling, vocab))
     return fail(StartFault::logit_bias,
                 fmt::format("logit_bias names token {}, outside the vocabulary of {} tokens", *id, vocab));
+  if (const ImageLayout* images = start.images.get(); images && images->whole) {
+    // attended bidirectionally, an image runs in one forward call
+    const int64_t most = scheduler.model().max_chunk_tokens();
+    for (size_t i = 0; i < images->images.size(); ++i)
+      if (images->images[i].soft_tokens > most)
+        return fail(StartFault::images,
+                    fmt::format("image {} fills {} tokens; this model runs at most {} in one step (raise the "
+                                "prefill chunk, or send a smaller image)",
+                                i + 1, images->images[i].soft_tokens, most));
+  }
   GenerationParams params{.prompt = std::move(start.ids),
                           .sampling = std::move(start.sampling),
                           .max_tokens = start.max_tokens > 0 ? start.max_tokens : context - n,
                           .logprobs = start.logprobs,
                           .forced = std::move(start.forced),
-                          .keep_prefix = start.keep_prefix};
+                          .keep_prefix = start.keep_prefix,
+                          .images = std::move(start.images)};
   if (tokenizer) params.stop_ids = tokenizer->eos_ids();
   auto generation = scheduler.submit(std::move(params));
   if (!generation.ok()) return fail(StartFault::unavailable, generation.error().message);
@@ -288,7 +365,8 @@ Result<std::unique_ptr<Stream>> Engine::submit(const Request& request) {
                               .keep_prefix = prompt.keep_prefix,
                               .sampling = engine::sampling_params(request.sampling, e.defaults),
                               .max_tokens = request.max_tokens,
-                              .stops = request.stop});
+                              .stops = request.stop,
+                              .images = std::move(prompt.images)});
   if (auto* error = std::get_if<engine::StartError>(&started)) return Error{std::move(error->message)};
   return std::unique_ptr<Stream>(
       std::make_unique<TextStream>(std::move(std::get<std::unique_ptr<engine::TextGeneration>>(started))));

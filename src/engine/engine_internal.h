@@ -14,6 +14,7 @@
 #include "kiln/engine.h"
 #include "models/model.h"
 #include "ops/backend.h"
+#include "runtime/prompt_images.h"
 #include "runtime/sampling_defaults.h"
 #include "runtime/scheduler.h"
 #include "text/chat_template.h"
@@ -31,6 +32,8 @@ struct Engine::Impl {
   std::string tokenizer_error, chat_template_error;  // why there is none
   SamplingDefaults defaults;                         // generation_config.json's (none when not used)
   engine::OutputFormat format;                       // how the model writes reasoning and tool calls
+  std::unique_ptr<ImageInput> images;                // null: the model takes no images
+  std::string images_error;                          // why it takes none
 
   // Created by load, or by the first request when the context is sized by it.
   mutable std::mutex mutex;
@@ -62,10 +65,11 @@ struct GenerationStart {
   int logprobs = -1;
   ForcedTokens forced;
   bool one_tool_call = false;
+  std::shared_ptr<const ImageLayout> images;  // the prompt's images (null: none)
 };
 
 // What is wrong with a generation that cannot start, for clients that answer each differently.
-enum class StartFault { empty_prompt, context, max_tokens, logit_bias, unavailable };
+enum class StartFault { empty_prompt, context, max_tokens, logit_bias, images, unavailable };
 struct StartError {
   StartFault fault;
   std::string message;
@@ -76,6 +80,13 @@ struct StartError {
 std::variant<std::unique_ptr<TextGeneration>, StartError> start_generation(Scheduler& scheduler,
                                                                            std::shared_ptr<const Tokenizer> tokenizer,
                                                                            GenerationStart start);
+
+// A message's images (the engine API's, the CLI's), read by the model's image front end; an error
+// names the image when it cannot be read or the model takes no images.
+Result<ProcessedImage> read_image_input(const Engine::Impl& e, const Image& image, const std::string& name);
+
+// Why a model takes no images, for a request that brings some.
+std::string no_images_reason(const Engine::Impl& e);
 
 }  // namespace engine
 }  // namespace kiln

@@ -31,6 +31,8 @@ struct ServeOptions {
       .max_batch = 32, .context = 4096, .prefill_chunk = 256, .prompt_cache_bytes = size_t(2) << 30};
   int grace_seconds = 30;
   std::string generation_config = "auto";  // auto: the model's sampling defaults; none: kiln's
+  server::ImageFetchOptions image_fetch;
+  ImageLimits image_limits;
   RunOptions run;
 };
 
@@ -70,7 +72,8 @@ Status serve(ServeOptions o, const Environment& env) {
                                                            .prefill_chunk = o.scheduler.prefill_chunk,
                                                            .prompt_cache_bytes = o.scheduler.prompt_cache_bytes,
                                                            .use_generation_config = o.generation_config == "auto",
-                                                           .batch_invariant = o.scheduler.batch_invariant},
+                                                           .batch_invariant = o.scheduler.batch_invariant,
+                                                           .max_image_pixels = o.image_limits.max_pixels},
                                                std::move(backend)));
   Engine::Impl& loaded = engine->impl();
   if (!loaded.tokenizer)
@@ -87,7 +90,16 @@ Status serve(ServeOptions o, const Environment& env) {
   server::ServedModel served{.scheduler = scheduler,
                              .tokenizer = loaded.tokenizer,
                              .chat_template = loaded.chat_template,
-                             .sampling = engine::sampling_params({}, loaded.defaults)};
+                             .sampling = engine::sampling_params({}, loaded.defaults),
+                             .images = loaded.images.get(),
+                             .image_fetch = o.image_fetch};
+  if (loaded.images)
+    spdlog::info("images: {}{}", loaded.images->processor().describe(),
+                 o.image_fetch.allow_urls ? fmt::format("; image URLs fetched (at most {} bytes, {} s)",
+                                                        o.image_fetch.max_bytes, o.image_fetch.timeout_seconds)
+                                          : std::string("; image URLs refused (data: URLs only)"));
+  else if (!loaded.images_error.empty())
+    spdlog::warn("images are refused: {}", loaded.images_error);
   // as vLLM names it: --served-model-name, else the repository id, else the directory's name
   served.name = !o.served_name.empty()    ? o.served_name
                 : !source.repo_id.empty() ? source.repo_id
@@ -164,6 +176,18 @@ void add_serve_command(CLI::App& app, Action& action, const Environment& env) {
                   "kiln's defaults (temperature 1, no cuts)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none"}));
+  cmd->add_option("--max-image-pixels", o->image_limits.max_pixels,
+                  "Largest image accepted, in pixels (width x height as stored in the file)")
+      ->capture_default_str()
+      ->check(positive_number());
+  cmd->add_flag("--allow-image-urls", o->image_fetch.allow_urls,
+                "Fetch images that requests name by http(s) URL (otherwise only data: URLs and base64)");
+  cmd->add_option("--image-url-max-bytes", o->image_fetch.max_bytes, "Largest image fetched from a URL")
+      ->capture_default_str()
+      ->check(positive_number());
+  cmd->add_option("--image-url-timeout", o->image_fetch.timeout_seconds, "Seconds to fetch one image from a URL")
+      ->capture_default_str()
+      ->check(positive_number());
   add_run_options(*cmd, o->run);
   cmd->callback([o, &action, &env] { action = [o, &env] { return serve(*o, env); }; });
 }

@@ -65,6 +65,8 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
     }
     std::string text, thinking;
     json calls = json::array();
+    json parts = json::array();  // a user message's text and images in order, when it holds images
+    bool has_images = false;
     for (size_t j = 0; j < content.size(); ++j) {
       const json& b = content[j];
       const std::string block = fmt::format("{}.content[{}]", param, j);
@@ -75,6 +77,30 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
         if (!b.contains("text") || !b["text"].is_string())
           return ApiError{.message = "a text block needs text", .param = param + ".content"};
         text += b["text"].get<std::string>();
+        parts.push_back({{"type", "text"}, {"text", b["text"]}});
+      } else if (type == "image" && role == "user") {
+        // as an OpenAI image_url part: base64 data as a data: URL, a url source as it is
+        const json* source = b.contains("source") && b["source"].is_object() ? &b["source"] : nullptr;
+        const std::string kind = source ? string_field(*source, "type") : "";
+        std::string url;
+        if (kind == "base64") {
+          if (!source->contains("data") || !(*source)["data"].is_string())
+            return ApiError{.message = "a base64 image source needs data", .param = block + ".source.data"};
+          const std::string media = string_field(*source, "media_type");
+          if (media.rfind("image/", 0) != 0)
+            return ApiError{.message = "a base64 image source needs a media_type such as image/png",
+                            .param = block + ".source.media_type"};
+          url = "data:" + media + ";base64," + (*source)["data"].get<std::string>();
+        } else if (kind == "url") {
+          if (!source->contains("url") || !(*source)["url"].is_string())
+            return ApiError{.message = "a url image source needs a url", .param = block + ".source.url"};
+          url = (*source)["url"].get<std::string>();
+        } else {
+          return ApiError{.message = "an image block's source must be of type base64 or url",
+                          .param = block + ".source"};
+        }
+        parts.push_back({{"type", "image_url"}, {"image_url", {{"url", std::move(url)}}}});
+        has_images = true;
       } else if (type == "thinking" && role == "assistant") {
         if (b.contains("thinking") && b["thinking"].is_string()) thinking += b["thinking"].get<std::string>();
       } else if (type == "redacted_thinking" && role == "assistant") {
@@ -111,6 +137,8 @@ std::variant<json, ApiError> to_openai_messages(const json& system, const json& 
       if (!thinking.empty()) msg["reasoning_content"] = thinking;
       if (!calls.empty()) msg["tool_calls"] = calls;
       out.push_back(msg);
+    } else if (has_images) {
+      out.push_back({{"role", "user"}, {"content", std::move(parts)}});
     } else if (!text.empty()) {
       out.push_back({{"role", "user"}, {"content", text}});
     }

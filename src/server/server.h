@@ -16,9 +16,9 @@ namespace kiln::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;      // 0: any free port
-  std::string api_key;  // empty: no authentication
-  size_t max_body_bytes = 8 << 20;
+  int port = 8080;                           // 0: any free port
+  std::string api_key;                       // empty: no authentication
+  size_t max_body_bytes = size_t(32) << 20;  // room for a few base64 images
   // A request's headers must arrive within this, its body at kMinBodyBytesPerSecond after a
   // start of this, and its input may pause no longer than this (or it gets 408).
   int read_timeout_s = 10;

@@ -17,28 +17,59 @@ ApiError bad_request(std::string message, std::string param = {}) {
   return ApiError{.status = 400, .message = std::move(message), .param = std::move(param)};
 }
 
-// A message's content as one string: a string, null, or an array of text parts.
-std::variant<std::string, ApiError> content_text(const json& content, size_t index) {
-  const std::string param = fmt::format("messages[{}].content", index);
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return bad_request("content must be a string or an array of content parts", param);
+// A message's content: its text (a string, null, or text parts) and, when it holds images, the
+// parts in order as a chat template takes them from transformers' processors ({"type": "text",
+// "text": ...} and {"type": "image"}) with each image's URL and where it is in the request.
+struct Content {
   std::string text;
-  for (const auto& part : content) {
+  ordered_json parts;  // null: text only
+  struct ImagePart {
+    std::string url;
+    std::string param;
+  };
+  std::vector<ImagePart> images;
+};
+
+std::variant<Content, ApiError> message_content(const json& content, size_t index) {
+  const std::string param = fmt::format("messages[{}].content", index);
+  Content out;
+  if (content.is_null()) return out;
+  if (content.is_string()) {
+    out.text = content.get<std::string>();
+    return out;
+  }
+  if (!content.is_array()) return bad_request("content must be a string or an array of content parts", param);
+  ordered_json parts = ordered_json::array();
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
     if (part.is_string()) {
-      text += part.get<std::string>();
+      out.text += part.get<std::string>();
+      parts.push_back({{"type", "text"}, {"text", part}});
       continue;
     }
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
       return bad_request("each content part must be an object with a type", param);
     const std::string type = part["type"].get<std::string>();
+    const std::string at = fmt::format("{}[{}]", param, j);
+    if (type == "image_url" || type == "input_image") {
+      // {"image_url": {"url": ...}} (chat completions), {"image_url": "..."} (Responses, some clients)
+      const json* url = part.contains("image_url") ? &part["image_url"] : nullptr;
+      if (url && url->is_object()) url = url->contains("url") ? &(*url)["url"] : nullptr;
+      if (!url || !url->is_string())
+        return bad_request("an image part needs image_url.url: a data: URL or an http(s) URL", at + ".image_url");
+      out.images.push_back(Content::ImagePart{.url = url->get<std::string>(), .param = at + ".image_url"});
+      parts.push_back({{"type", "image"}});
+      continue;
+    }
     if (type != "text" && type != "input_text")
-      return bad_request(fmt::format("content parts of type '{}' are not supported (text only)", type), param);
+      return bad_request(fmt::format("content parts of type '{}' are not supported (text and image_url)", type), param);
     if (!part.contains("text") || !part["text"].is_string())
       return bad_request("a text part needs a text string", param);
-    text += part["text"].get<std::string>();
+    out.text += part["text"].get<std::string>();
+    parts.push_back({{"type", "text"}, {"text", part["text"]}});
   }
-  return text;
+  if (!out.images.empty()) out.parts = std::move(parts);
+  return out;
 }
 
 }  // namespace
@@ -79,6 +110,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
                                                     const json& template_kwargs, bool continue_final_message) const {
   if (!messages.is_array() || messages.empty()) return bad_request("'messages' must be a non-empty array", "messages");
   ChatRequest request;
+  std::vector<ProcessedImage> images;
   std::map<std::string, std::string> call_names;  // tool call id -> function name
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -94,11 +126,31 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
     if (!has_content && role != "assistant")
       return bad_request(fmt::format("'{}.content' is required for a {} message", param, m["role"].get<std::string>()),
                          param + ".content");
-    auto content = content_text(has_content ? m["content"] : json(), i);
-    if (auto* e = std::get_if<ApiError>(&content)) return *e;
+    auto read = message_content(has_content ? m["content"] : json(), i);
+    if (auto* e = std::get_if<ApiError>(&read)) return *e;
+    Content& content = std::get<Content>(read);
     if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string())
       return bad_request(fmt::format("'{}.name' must be a string", param), param + ".name");
-    ordered_json out = {{"role", role}, {"content", std::get<std::string>(content)}};
+    ordered_json out = {{"role", role}, {"content", content.text}};
+    if (!content.images.empty()) {
+      if (role != "user" && role != "system")
+        return bad_request(fmt::format("images are taken in user messages, not in a {} message", role),
+                           content.images.front().param);
+      if (!model_.images)
+        return bad_request(fmt::format("the model '{}' takes no images", model_.name), content.images.front().param);
+      for (const auto& part : content.images) {
+        if (images.size() >= kMaxImages)
+          return bad_request(fmt::format("a request may hold at most {} images", kMaxImages), part.param);
+        auto bytes = image_url_bytes(part.url, model_.image_fetch, part.param);
+        if (auto* e = std::get_if<ApiError>(&bytes)) return *e;
+        const std::string& data = std::get<std::string>(bytes);
+        auto image = model_.images->read(
+            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size()), part.param);
+        if (!image.ok()) return bad_request(image.error().message, part.param);
+        images.push_back(std::move(image).value());
+      }
+      out["content"] = std::move(content.parts);
+    }
     // a participant's name reaches the template, as transformers passes it (most templates ignore it)
     if (role != "tool" && m.contains("name") && m["name"].is_string()) out["name"] = m["name"];
     if (role == "assistant" && m.contains("reasoning_content") && m["reasoning_content"].is_string())
@@ -165,7 +217,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
   // (stripped at both ends, as transformers does; an empty one is dropped and a new turn opened)
   std::string prefill;
   if (continue_final_message && !request.messages.empty() && request.messages.back()["role"] == "assistant") {
-    prefill = request.messages.back()["content"].get<std::string>();
+    prefill = request.messages.back()["content"].get<std::string>();  // an assistant's content is text
     while (!prefill.empty() && std::isspace(static_cast<unsigned char>(prefill.back()))) prefill.pop_back();
     size_t lead = 0;
     while (lead < prefill.size() && std::isspace(static_cast<unsigned char>(prefill[lead]))) ++lead;
@@ -184,12 +236,24 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
           "the chat template does not show the final assistant message's text, so it cannot be continued", "messages");
     rendered->resize(at + prefill.size());
   }
-  if (auto e = too_long_to_encode(rendered->size(), "messages")) return *e;
-  auto ids = model_.tokenizer->encode(*rendered, /*add_special_tokens=*/false);
+  std::string text = *rendered;
+  if (!images.empty()) {
+    auto expanded = model_.images->expand(text, images);
+    if (!expanded.ok()) return bad_request("the chat template's rendering: " + expanded.error().message, "messages");
+    text = std::move(expanded).value();
+  }
+  if (auto e = too_long_to_encode(text.size(), "messages")) return *e;
+  auto ids = model_.tokenizer->encode(text, /*add_special_tokens=*/false);
   if (!ids.ok()) return bad_request(ids.error().message, "messages");
-  return Prompt{.ids = std::move(ids).value(),
+  Prompt prompt{.ids = std::move(ids).value(),
                 .format = engine::chat_output_format(format_, *rendered, request.tools ? tools : nullptr),
                 .continues_answer = !prefill.empty()};
+  if (!images.empty()) {
+    auto layout = model_.images->lay_out(prompt.ids, std::move(images));
+    if (!layout.ok()) return bad_request(layout.error().message, "messages");
+    prompt.images = std::make_shared<const ImageLayout>(std::move(layout).value());
+  }
+  return prompt;
 }
 
 std::optional<ApiError> Service::too_long_to_encode(size_t text_bytes, const char* param) const {
@@ -247,7 +311,8 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                                  .refuse_beyond_context = true,
                                  .stops = std::move(request.stops),
                                  .logprobs = request.logprobs,
-                                 .one_tool_call = request.one_tool_call};
+                                 .one_tool_call = request.one_tool_call,
+                                 .images = std::move(request.prompt.images)};
   if (request.call_required) {
     const OutputFormat& format = request.prompt.format;
     const std::string opening = format.call_opening(request.call_name);
@@ -295,6 +360,8 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
       return ApiError{.message = error->message, .param = "max_tokens", .code = "context_length_exceeded"};
     case engine::StartFault::logit_bias:
       return bad_request(error->message, "logit_bias");
+    case engine::StartFault::images:
+      return bad_request(error->message, request.prompt_field);
     case engine::StartFault::unavailable:
       break;
   }

@@ -16,7 +16,9 @@
 
 #include "engine/output_parser.h"
 #include "engine/text_generation.h"
+#include "runtime/prompt_images.h"
 #include "runtime/scheduler.h"
+#include "server/image_sources.h"
 #include "server/request_fields.h"
 #include "text/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -39,12 +41,18 @@ struct ServedModel {
   // What a request's sampling starts from: kiln's defaults with the model's generation_config.json
   // sampling applied (unless the server was told to ignore it).
   SamplingParams sampling;
+  const ImageInput* images = nullptr;  // null: the model takes no images
+  ImageFetchOptions image_fetch;
 };
+
+// Images one request may hold.
+constexpr size_t kMaxImages = 32;
 
 struct Prompt {
   std::vector<int32_t> ids;
-  OutputFormat format;            // how to read the output (chat); plain text otherwise
-  bool continues_answer = false;  // it ends in a final assistant message's text, left open
+  OutputFormat format;                        // how to read the output (chat); plain text otherwise
+  bool continues_answer = false;              // it ends in a final assistant message's text, left open
+  std::shared_ptr<const ImageLayout> images;  // the images its ids hold (null: none)
 };
 
 struct GenerationRequest {

@@ -1,0 +1,108 @@
+#include "server/image_sources.h"
+
+#include <curl/curl.h>
+#include <fmt/format.h>
+#include <openssl/evp.h>
+
+#include <mutex>
+
+namespace kiln::server {
+
+namespace {
+
+ApiError bad(std::string message, const std::string& param) {
+  return ApiError{.message = std::move(message), .param = param};
+}
+
+struct Download {
+  std::string bytes;
+  int64_t max_bytes = 0;
+  bool too_large = false;
+};
+
+size_t write_body(char* data, size_t size, size_t count, void* user) {
+  auto* d = static_cast<Download*>(user);
+  const size_t n = size * count;
+  if (int64_t(d->bytes.size() + n) > d->max_bytes) {
+    d->too_large = true;
+    return 0;  // aborts the transfer
+  }
+  d->bytes.append(data, n);
+  return n;
+}
+
+std::variant<std::string, ApiError> fetch(const std::string& url, const ImageFetchOptions& options,
+                                          const std::string& param) {
+  static std::once_flag curl_ready;
+  std::call_once(curl_ready, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), curl_easy_cleanup);
+  if (!curl) return ApiError{.status = 500, .type = "server_error", .message = "could not start an image download"};
+  Download d{.max_bytes = options.max_bytes};
+  CURL* c = curl.get();
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT, long(options.timeout_seconds));
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, curl_off_t(options.max_bytes));
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "kiln");
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, write_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &d);
+  const CURLcode rc = curl_easy_perform(c);
+  if (d.too_large || rc == CURLE_FILESIZE_EXCEEDED)
+    return bad(fmt::format("the image at {} is larger than {} bytes", url, options.max_bytes), param);
+  if (rc == CURLE_OPERATION_TIMEDOUT)
+    return bad(fmt::format("fetching the image at {} took longer than {} s", url, options.timeout_seconds), param);
+  if (rc != CURLE_OK)
+    return bad(fmt::format("could not fetch the image at {}: {}", url, curl_easy_strerror(rc)), param);
+  long status = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  if (status < 200 || status >= 300)
+    return bad(fmt::format("fetching the image at {} answered HTTP {}", url, status), param);
+  return std::move(d.bytes);
+}
+
+}  // namespace
+
+std::optional<std::string> decode_base64(std::string_view text) {
+  std::string clean;
+  clean.reserve(text.size());
+  for (char ch : text)
+    if (ch != ' ' && ch != '\n' && ch != '\r' && ch != '\t') clean.push_back(ch);
+  if (clean.empty() || clean.size() % 4 != 0) return std::nullopt;
+  size_t padding = 0;
+  while (padding < 2 && clean[clean.size() - 1 - padding] == '=') ++padding;
+  std::string out(clean.size() / 4 * 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(clean.data()), int(clean.size()));
+  if (n < 0 || size_t(n) != out.size()) return std::nullopt;
+  out.resize(out.size() - padding);
+  return out;
+}
+
+std::variant<std::string, ApiError> image_url_bytes(const std::string& url, const ImageFetchOptions& options,
+                                                    const std::string& param) {
+  if (url.rfind("data:", 0) == 0) {
+    // data:[<media type>][;base64],<data>
+    const size_t comma = url.find(',');
+    if (comma == std::string::npos) return bad("a data: URL needs a comma before its data", param);
+    const std::string_view header = std::string_view(url).substr(5, comma - 5);
+    if (header.size() < 7 || header.substr(header.size() - 7) != ";base64")
+      return bad("an image data: URL must be base64 (data:image/png;base64,...)", param);
+    auto bytes = decode_base64(std::string_view(url).substr(comma + 1));
+    if (!bytes) return bad("the image data: URL does not hold valid base64", param);
+    return std::move(*bytes);
+  }
+  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
+    if (!options.allow_urls)
+      return bad(
+          "this server does not fetch image URLs (start it with --allow-image-urls); send the image as a data: URL",
+          param);
+    return fetch(url, options, param);
+  }
+  return bad("an image URL must be a data: URL or, where the server allows it, http(s)", param);
+}
+
+}  // namespace kiln::server

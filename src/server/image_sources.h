@@ -1,0 +1,29 @@
+// Where a request's images come from: the URL of an OpenAI image_url part (a data: URL, or an
+// http(s) URL when the server allows fetching them) or an Anthropic image block's source (base64
+// data or a URL), as the image file's bytes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "server/request_fields.h"
+
+namespace kiln::server {
+
+struct ImageFetchOptions {
+  bool allow_urls = false;                // kiln serve --allow-image-urls
+  int64_t max_bytes = int64_t(20) << 20;  // of one fetched image
+  int timeout_seconds = 10;               // to fetch one image, redirects included
+};
+
+// The bytes of an image at `url`; errors name `param` (HTTP 400).
+std::variant<std::string, ApiError> image_url_bytes(const std::string& url, const ImageFetchOptions& options,
+                                                    const std::string& param);
+
+// Standard base64 (whitespace ignored) to bytes; nothing when the text is not base64.
+std::optional<std::string> decode_base64(std::string_view text);
+
+}  // namespace kiln::server

@@ -1,20 +1,29 @@
 // kiln bench MODEL_DIR [--device cuda|cpu] [--prompt-len N] [--gen N] [--batch N] [--runs N] [--json]
+//                      [--image PATH]
 //
 // Prefill and decode speed measured with device timers, after a warm-up run, as the median of
 // several runs; decode is set against the memory roofline (a device-to-device copy measured in
 // the same run) and prefill against the rate a large bf16 matrix product reaches in the same run.
+// With --image, also the image's way in: decoding and preprocessing it (CPU), encoding it (the
+// vision tower), and the time to first token of the prompt with the image in its middle, beside
+// the same text prompt without it.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "cli/validators.h"
+#include "io/config.h"
+#include "models/family.h"
 #include "models/model.h"
 #include "runtime/decode_loop.h"
+#include "runtime/prefill.h"
+#include "runtime/prompt_images.h"
 
 namespace kiln::cli {
 
@@ -31,6 +40,7 @@ struct BenchOptions {
   bool json = false;
   bool matmul_peak = true;
   bool profile = false;
+  std::string image;
   RunOptions run;
 };
 
@@ -116,6 +126,25 @@ Status run_bench(const BenchOptions& o) {
   KILN_ASSIGN(auto backend, make_backend(o.run));
   ModelOptions model_options;
   model_options.max_chunk_tokens = o.prompt_len;  // the prompt goes in as one forward
+  // the image's soft tokens first: the prompt with the image goes in as one forward too
+  std::vector<double> preprocess_ms;
+  ProcessedImage processed;
+  std::optional<ModelConfigFile> config;
+  if (!o.image.empty()) {
+    KILN_ASSIGN(config, read_model_config_file(o.model_dir + "/config.json"));
+    KILN_ASSIGN(const ModelFamily* family, family_of(*config));
+    if (!family->image_processor) return make_error("{} models take no images", family->name);
+    KILN_ASSIGN(auto processor, family->image_processor(o.model_dir, *config));
+    for (int run = 0; run <= o.runs; ++run) {
+      const auto t0 = std::chrono::steady_clock::now();
+      KILN_ASSIGN(RgbImage image, read_image(o.image));
+      KILN_ASSIGN(processed, processor->process(image));
+      if (run > 0)
+        preprocess_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    model_options.max_chunk_tokens = o.prompt_len + processed.soft_tokens;
+  }
   const auto load_start = std::chrono::steady_clock::now();
   KILN_ASSIGN(auto model, load_model(o.model_dir, *backend, model_options));
   backend->synchronize();
@@ -154,6 +183,37 @@ Status run_bench(const BenchOptions& o) {
   const double flops = double(o.batch) * model->prefill_flops(o.prompt_len);
   const double prefill_rate = flops / (prefill_ms * 1e-3);
   const size_t peak_memory = backend->peak_memory_bytes();
+
+  // the image: encoded alone, and in a prompt of prompt_len text tokens around it
+  double encode_ms = 0, image_ttft_ms = 0;
+  if (!o.image.empty()) {
+    KILN_ASSIGN(const ModelFamily* family, family_of(*config));
+    KILN_ASSIGN(auto input, ImageInput::load(o.model_dir, *config, *family, model->batch_needs()));
+    if (!input) return make_error("this checkpoint has no vision tower");
+    std::vector<int32_t> ids(prompts[0].begin(), prompts[0].begin() + o.prompt_len / 2);
+    ids.insert(ids.end(), size_t(processed.soft_tokens), input->placeholder().token_id);
+    ids.insert(ids.end(), prompts[0].begin() + o.prompt_len / 2, prompts[0].end());
+    KILN_ASSIGN(const ImageLayout layout, input->lay_out(ids, {processed}));
+    auto timer = backend->timer();
+    std::vector<double> encode, ttft;
+    for (int run = 0; run <= o.runs; ++run) {
+      backend->synchronize();
+      timer->start();
+      KILN_ASSIGN(Tensor rows, model->encode_image(processed));
+      const double e = timer->stop_ms();
+      KILN_ASSIGN(auto state, model->new_sequence(int64_t(ids.size()) + 1));
+      backend->synchronize();
+      timer->start();
+      KILN_ASSIGN(const PromptImages placed, encode_images(*model, layout));
+      KILN_ASSIGN(Tensor logits, run_prompt(*model, *state, ids, placed, 0, LogitRows::last));
+      const double t = timer->stop_ms();  // run_prompt reads the last row back: the token is chosen
+      if (run == 0) continue;
+      encode.push_back(e);
+      ttft.push_back(t);
+    }
+    encode_ms = median(encode);
+    image_ttft_ms = median(ttft);
+  }
 
   std::string profile_prefill, profile_decode;
   if (o.profile) {  // one prefill and a few decode steps issued op by op, each op timed
@@ -205,6 +265,14 @@ Status run_bench(const BenchOptions& o) {
   j["copy_bandwidth_gb_s"] = copy_bw / 1e9;
   j["decode_share_of_roofline"] = achieved_bw / copy_bw;
   j["peak_memory_bytes"] = peak_memory;
+  if (!o.image.empty()) {
+    j["image"] = o.image;
+    j["image_grid"] = processed.grid;
+    j["image_soft_tokens"] = processed.soft_tokens;
+    j["image_preprocess_ms"] = median(preprocess_ms);
+    j["image_encode_ms"] = encode_ms;
+    j["image_time_to_first_token_ms"] = image_ttft_ms;
+  }
   if (o.json) {
     fmt::print("{}\n", j.dump(2));
     if (o.profile)
@@ -224,6 +292,13 @@ Status run_bench(const BenchOptions& o) {
   fmt::print("  decode reads         {:10.2f} GB/step  {:.0f} GB/s = {:.1f}% of {:.0f} GB/s copy bandwidth\n",
              double(step_bytes) / 1e9, achieved_bw / 1e9, 100.0 * achieved_bw / copy_bw, copy_bw / 1e9);
   fmt::print("  peak device memory   {:10.2f} GiB\n", double(peak_memory) / double(1 << 30));
+  if (!o.image.empty()) {
+    fmt::print("  image                {} -> {} soft tokens\n", o.image, processed.soft_tokens);
+    fmt::print("  image preprocess     {:10.2f} ms (CPU: decode, resize, normalise)\n", median(preprocess_ms));
+    fmt::print("  image encode         {:10.2f} ms\n", encode_ms);
+    fmt::print("  time to first token  {:10.2f} ms with the image amid the {} tokens ({:.2f} ms without)\n",
+               image_ttft_ms, o.prompt_len, prefill_ms);
+  }
   if (o.profile) fmt::print("prefill by op:\n{}decode (4 steps, op by op) by op:\n{}", profile_prefill, profile_decode);
   return ok_status();
 }
@@ -245,6 +320,9 @@ void add_bench_command(CLI::App& app, Action& action, const Environment& env) {
   cmd->add_flag("--json", options->json, "Print the figures as JSON");
   cmd->add_flag("!--no-matmul-peak", options->matmul_peak, "Skip measuring the matrix-product peak");
   cmd->add_flag("--profile", options->profile, "Also time every op of one prefill and a few decode steps");
+  cmd->add_option("--image", options->image,
+                  "Also time this image's preprocessing and encoding, and the first token of the prompt with it")
+      ->check(CLI::ExistingFile);
   add_run_options(*cmd, options->run);
   cmd->callback([options, &action, &env] {
     action = [options, &env]() -> Status {

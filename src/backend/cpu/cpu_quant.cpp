@@ -24,14 +24,19 @@ constexpr int64_t kGemvRows = 8;                    // up to this many input row
 constexpr int64_t kBlockFloats = int64_t(1) << 20;  // f32 scratch of a dequantized block (4 MiB)
 constexpr int kLanes = 16;                          // partial sums of a dot: one AVX-512 register
 
-#if defined(__x86_64__) && !defined(__clang__)
+// A portable build compiles the product loops three times and picks one at start; the helpers they
+// call are inlined into each, so that every copy is vectorised for its own instruction set. A
+// -march=native build (KILN_NATIVE) is tuned for its machine already.
+#if defined(__x86_64__) && !defined(__clang__) && !defined(KILN_NATIVE_BUILD)
 #define KILN_CPU_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
+#define KILN_INLINE inline __attribute__((always_inline))
 #else
 #define KILN_CPU_CLONES
+#define KILN_INLINE inline
 #endif
 
 // Σ a·b over n (a multiple of kLanes) in kLanes partial sums, added pairwise at the end.
-inline float dot_lanes(const float* a, const float* b, int64_t n) {
+KILN_INLINE float dot_lanes(const float* a, const float* b, int64_t n) {
   float acc[kLanes] = {};
   for (int64_t c = 0; c < n; c += kLanes)
     for (int k = 0; k < kLanes; ++k) acc[k] += a[c + k] * b[c + k];
@@ -41,7 +46,7 @@ inline float dot_lanes(const float* a, const float* b, int64_t n) {
 }
 
 // The codes of one group (group_size of them, starting at a byte boundary) as floats.
-inline void unpack_group(const uint8_t* p, int bits, int64_t group_size, float* q) {
+KILN_INLINE void unpack_group(const uint8_t* p, int bits, int64_t group_size, float* q) {
   if (bits == 4) {
     for (int64_t t = 0; t < group_size / 2; ++t) {
       q[2 * t] = float(p[t] & 15);
@@ -60,7 +65,7 @@ inline void unpack_group(const uint8_t* p, int bits, int64_t group_size, float* 
 
 // Σ over a 4-bit group of x·q, x given as the group's even elements then its odd ones (the low and
 // high nibbles of each byte): the bytes become floats in place, with no interleaving.
-inline float dot_nibbles(const float* x_even, const float* x_odd, const uint8_t* p, int64_t half) {
+KILN_INLINE float dot_nibbles(const float* x_even, const float* x_odd, const uint8_t* p, int64_t half) {
   float acc[kLanes] = {};
   for (int64_t t = 0; t < half; t += kLanes)
     for (int k = 0; k < kLanes; ++k)

@@ -14,6 +14,7 @@
 #include "io/synthetic.h"
 #include "models/model.h"
 #include "server/handlers.h"
+#include "server/image_sources.h"
 #include "server/request_fields.h"
 #include "server/service.h"
 #include "test_util.h"
@@ -781,6 +782,39 @@ TEST(MessagesChecks, ContentBlocksAreCheckedAndNamed) {
     EXPECT_TRUE(
         passes_checks(post(handle_messages, R"({"model": "m", "max_tokens": 4, "messages": )" + messages + "}")))
         << messages;
+}
+
+// Image URLs: base64 data as OpenSSL decodes it but strict about padding; http(s) only when allowed,
+// and never to the server's own network unless that too is allowed.
+TEST(ImageSources, DataUrlsAndFetchRules) {
+  EXPECT_EQ(decode_base64("aGVsbG8="), "hello");
+  EXPECT_EQ(decode_base64("aGVs\nbG8g d29y\tbGQ="), "hello world");
+  EXPECT_EQ(decode_base64("aGk="), std::optional<std::string>("hi"));
+  for (const char* bad : {"", "aGVsbG8", "QQ==QQ==", "a===", "@@@@", "aGk=aGk="})
+    EXPECT_FALSE(decode_base64(bad).has_value()) << bad;
+  ImageFetchOptions options;
+  auto bytes = [&](const std::string& url) {
+    return image_url_bytes(url, options, "messages[0].content[1].image_url");
+  };
+  auto message = [](const std::variant<std::string, ApiError>& r) {
+    return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r).message : std::string("no error");
+  };
+  EXPECT_EQ(std::get<std::string>(bytes("data:image/png;base64,aGVsbG8=")), "hello");
+  EXPECT_NE(message(bytes("data:image/png,hello")).find("must be base64"), std::string::npos);
+  EXPECT_NE(message(bytes("data:image/png;base64")).find("comma"), std::string::npos);
+  EXPECT_NE(message(bytes("http://example.com/a.png")).find("--allow-image-urls"), std::string::npos);
+  EXPECT_NE(message(bytes("file:///etc/passwd")).find("data: URL"), std::string::npos);
+  options.allow_urls = true;
+  init_image_fetching();
+  for (const char* local : {"http://127.0.0.1:9/a.png", "http://[::1]:9/a.png", "http://10.1.2.3:9/a.png",
+                            "http://169.254.169.254/latest", "http://192.168.0.1:9/", "http://[::ffff:127.0.0.1]:9/"}) {
+    auto r = bytes(local);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << local;
+    EXPECT_EQ(std::get<ApiError>(r).status, 400);
+    EXPECT_NE(std::get<ApiError>(r).message.find("private or local address"), std::string::npos)
+        << local << ": " << std::get<ApiError>(r).message;
+    EXPECT_EQ(std::get<ApiError>(r).param, "messages[0].content[1].image_url");
+  }
 }
 
 }  // namespace

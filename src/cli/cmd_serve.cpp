@@ -105,6 +105,7 @@ Status serve(ServeOptions o, const Environment& env) {
                 : !source.repo_id.empty() ? source.repo_id
                                           : std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (served.name.empty()) served.name = std::filesystem::path(model_dir).parent_path().filename().string();
+  if (o.image_fetch.allow_urls) server::init_image_fetching();
   KILN_ASSIGN(auto http, server::Server::create(std::move(served), o.http));
   KILN_ASSIGN(const int port, http->bind());
   fmt::print("kiln: listening on http://{}:{} (model {}, batch {}, context {}, {}, {})\n", o.http.host, port,
@@ -182,6 +183,8 @@ void add_serve_command(CLI::App& app, Action& action, const Environment& env) {
       ->check(positive_number());
   cmd->add_flag("--allow-image-urls", o->image_fetch.allow_urls,
                 "Fetch images that requests name by http(s) URL (otherwise only data: URLs and base64)");
+  cmd->add_flag("--allow-private-image-urls", o->image_fetch.allow_private,
+                "With --allow-image-urls, also fetch from loopback, private and link-local addresses");
   cmd->add_option("--image-url-max-bytes", o->image_fetch.max_bytes, "Largest image fetched from a URL")
       ->capture_default_str()
       ->check(positive_number());

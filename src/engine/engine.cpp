@@ -246,7 +246,11 @@ Result<std::unique_ptr<Engine>> engine::load_engine(const std::string& model_dir
   if (options.use_generation_config) {
     KILN_ASSIGN(impl->defaults, load_sampling_defaults(model_dir));
   }
-  KILN_ASSIGN(impl->model, load_model(model_dir, *impl->backend));
+  // a forward call takes a prefill chunk, and at least the default (an image that runs whole may be
+  // longer than the chunk: --prefill-chunk raises both)
+  ModelOptions model_options;
+  model_options.max_chunk_tokens = std::max<int64_t>(model_options.max_chunk_tokens, options.prefill_chunk);
+  KILN_ASSIGN(impl->model, load_model(model_dir, *impl->backend, model_options));
   // the image front end: a model without a vision tower has none; a broken processor config is
   // reported to the requests that bring images, not to every request
   if (auto config = read_model_config_file(model_dir + "/config.json"); config.ok()) {
@@ -333,8 +337,8 @@ std::variant<std::unique_ptr<engine::TextGeneration>, engine::StartError> engine
     for (size_t i = 0; i < images->images.size(); ++i)
       if (images->images[i].soft_tokens > most)
         return fail(StartFault::images,
-                    fmt::format("image {} fills {} tokens; this model runs at most {} in one step (raise the "
-                                "prefill chunk, or send a smaller image)",
+                    fmt::format("image {} fills {} tokens; this model runs at most {} in one step (raise "
+                                "--prefill-chunk, or send a smaller image)",
                                 i + 1, images->images[i].soft_tokens, most));
   }
   GenerationParams params{.prompt = std::move(start.ids),

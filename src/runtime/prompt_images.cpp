@@ -10,8 +10,9 @@ namespace kiln {
 
 namespace {
 
-// SHA-256 of an image's pixels and grid, cut to 64 bits: a client cannot make two different images
-// share a key in the prefix cache (and so another request's cached state).
+// SHA-256 of an image's pixels and grid, cut to 64 bits, from which the key values of each of its
+// soft tokens are drawn: a client cannot feasibly make another image with the same run of keys
+// (the scheduler resumes a prompt only at the end of an image, never inside one).
 Result<uint64_t> content_hash(const ProcessedImage& image) {
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -94,7 +95,7 @@ Result<PromptImages> encode_images(Model& model, const ImageLayout& layout, int6
 Result<std::unique_ptr<ImageInput>> ImageInput::load(const std::string& model_dir, const ModelConfigFile& config,
                                                      const ModelFamily& family, const BatchNeeds& needs,
                                                      ImageLimits limits) {
-  if (!family.image_processor || !needs.hidden > 0) return std::unique_ptr<ImageInput>();
+  if (!family.image_processor || needs.hidden <= 0) return std::unique_ptr<ImageInput>();
   std::unique_ptr<ImageInput> input(new ImageInput());
   KILN_ASSIGN(input->processor_, family.image_processor(model_dir, config));
   input->family_ = &family;
@@ -163,8 +164,10 @@ Result<int64_t> chunk_end(const PromptImages& images, int64_t begin, int64_t end
     if (image.offset >= stop || image_end <= stop || image_end <= begin) continue;
     // the chunk would split this image
     if (image.offset > begin) return image.offset;
-    return make_error("an image of {} soft tokens does not fit a chunk of {} tokens; raise the prefill chunk",
-                      image.tokens, max_tokens);
+    return make_error(
+        "an image of {} soft tokens does not fit a forward call of {} tokens (raise --prefill-chunk or send a smaller "
+        "image)",
+        image.tokens, max_tokens);
   }
   return stop;
 }

@@ -120,12 +120,14 @@ Result<std::shared_ptr<Generation>> Scheduler::submit(GenerationParams params) {
   for (int32_t opener : {params.forced.opener, params.forced.reasoning_opener})
     if (opener >= vocab) return make_error("token id {} is outside the vocabulary [0, {})", opener, vocab);
   if (const ImageLayout* images = params.images.get()) {
-    if (images->prompt_tokens != n || images->offsets.size() != images->images.size())
+    if (images->prompt_tokens != n || images->offsets.size() != images->images.size() ||
+        images->hashes.size() != images->images.size() || images->positions.size() != size_t(images->rope_axes * n))
       return make_error("the prompt's images were laid out for another prompt");
     for (size_t i = 0; i < images->images.size(); ++i) {
       const int64_t tokens = images->images[i].soft_tokens;
-      if (images->offsets[i] < 0 || images->offsets[i] + tokens > n)
-        return make_error("image {} lies outside the prompt", i + 1);
+      const int64_t previous_end = i == 0 ? 0 : images->offsets[i - 1] + images->images[i - 1].soft_tokens;
+      if (images->offsets[i] < previous_end || images->offsets[i] + tokens > n)
+        return make_error("image {} lies outside the prompt or overlaps the one before", i + 1);
       // attended bidirectionally, an image runs in one forward call
       if (images->whole && tokens > model_.max_chunk_tokens())
         return make_error("image {} fills {} tokens; one forward call of this model takes at most {}", i + 1, tokens,
@@ -176,7 +178,7 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
     // the state holds the prompt and every generated token but the last: a client that sends the
     // conversation back continues from here
     const int64_t held = slot.state->length();
-    if (held > 0 && held <= int64_t(slot.history.size())) {
+    if (held >= int64_t(slot.key.size()) && held <= int64_t(slot.history.size())) {
       std::vector<int32_t> key = slot.key;
       key.insert(key.end(), slot.history.begin() + int64_t(slot.key.size()), slot.history.begin() + held);
       cache_.insert(key, *slot.state, model_.backend());
@@ -224,9 +226,10 @@ void Scheduler::admit() {
     s.admitted = Clock::now();
     const ImageLayout* images = s.params.images.get();
     s.key = images ? image_cache_key(s.params.prompt, *images) : s.params.prompt;
-    // a prompt resumes only between images that run whole (the cache's entries never split one)
+    // a prompt resumes only between images: never inside one that runs whole (the cache's entries
+    // never split one), nor a few key values into any other
     const PrefixCache::Hit hit = cache_.lookup(s.key, [&](int64_t tokens) {
-      if (!images || !images->whole) return true;
+      if (!images) return true;
       for (size_t i = 0; i < images->images.size(); ++i)
         if (images->offsets[i] < tokens && tokens < images->offsets[i] + images->images[i].soft_tokens) return false;
       return true;
@@ -246,6 +249,7 @@ void Scheduler::admit() {
         continue;
       }
       s.images = std::move(encoded).value();
+      s.params.images.reset();  // the pixels are done with
     }
     s.generation->cached_tokens_ = hit.tokens;
     std::lock_guard lock(stats_mutex_);

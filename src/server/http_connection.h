@@ -109,7 +109,7 @@ class HttpConnection final : public httplib::Stream {
   bool in_body_ = false;
   bool timed_out_ = false;
   bool status_line_due_ = true;  // the response's status line is yet to be written
-  std::string buffer_;  // input read from the socket and not yet consumed
+  std::string buffer_;           // input read from the socket and not yet consumed
   size_t consumed_ = 0;
   bool closing_ = false;
   size_t body_left_ = SIZE_MAX;  // SIZE_MAX: no limit

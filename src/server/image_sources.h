@@ -14,10 +14,17 @@
 namespace kiln::server {
 
 struct ImageFetchOptions {
-  bool allow_urls = false;                // kiln serve --allow-image-urls
+  bool allow_urls = false;  // kiln serve --allow-image-urls
+  // Loopback, private, link-local and other non-public addresses (kiln serve
+  // --allow-private-image-urls): refused by default, so that a client cannot make the server reach
+  // into its own network.
+  bool allow_private = false;
   int64_t max_bytes = int64_t(20) << 20;  // of one fetched image
   int timeout_seconds = 10;               // to fetch one image, redirects included
 };
+
+// Sets up the HTTP client (libcurl's global state); call once before threads fetch.
+void init_image_fetching();
 
 // The bytes of an image at `url`; errors name `param` (HTTP 400).
 std::variant<std::string, ApiError> image_url_bytes(const std::string& url, const ImageFetchOptions& options,

@@ -111,6 +111,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
   if (!messages.is_array() || messages.empty()) return bad_request("'messages' must be a non-empty array", "messages");
   ChatRequest request;
   std::vector<ProcessedImage> images;
+  int64_t soft_tokens = 0;                        // the images'
   std::map<std::string, std::string> call_names;  // tool call id -> function name
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -138,6 +139,10 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
                            content.images.front().param);
       if (!model_.images)
         return bad_request(fmt::format("the model '{}' takes no images", model_.name), content.images.front().param);
+      // images cost time and memory to read: none is read for a request that would wait for a place
+      if (images.empty()) {
+        if (auto e = busy()) return *e;
+      }
       for (const auto& part : content.images) {
         if (images.size() >= kMaxImages)
           return bad_request(fmt::format("a request may hold at most {} images", kMaxImages), part.param);
@@ -147,7 +152,14 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
         auto image = model_.images->read(
             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size()), part.param);
         if (!image.ok()) return bad_request(image.error().message, part.param);
+        soft_tokens += image->soft_tokens;
         images.push_back(std::move(image).value());
+        if (model_.scheduler && soft_tokens >= context())
+          return ApiError{.message = fmt::format("This model's context holds {} tokens; the request's images alone "
+                                                 "fill {}",
+                                                 context(), soft_tokens),
+                          .param = part.param,
+                          .code = "context_length_exceeded"};
       }
       out["content"] = std::move(content.parts);
     }
@@ -294,7 +306,8 @@ std::variant<Prompt, ApiError> Service::text_prompt(const json& p) const {
   return out;
 }
 
-std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(GenerationRequest request) {
+std::optional<ApiError> Service::busy() const {
+  if (!model_.scheduler) return std::nullopt;
   // waiting: the requests in the system beyond the batch's slots (a queued one may be about to
   // take a free slot)
   const SchedulerStats load = model_.scheduler->stats();
@@ -304,6 +317,11 @@ std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(Generatio
                     .type = "server_error",
                     .message = fmt::format("the server is busy: {} requests are waiting; retry later", waiting),
                     .code = "server_busy"};
+  return std::nullopt;
+}
+
+std::variant<std::unique_ptr<TextGeneration>, ApiError> Service::start(GenerationRequest request) {
+  if (auto e = busy()) return *e;
   engine::GenerationStart params{.ids = std::move(request.prompt.ids),
                                  .format = request.prompt.format,
                                  .sampling = std::move(request.sampling),

@@ -123,6 +123,8 @@ class Service {
   void wait_for_streams();
 
  private:
+  // 503 when `max_waiting` requests already wait for a batch slot.
+  std::optional<ApiError> busy() const;
   // A context error for a text too long to fit without encoding it (none when it may fit).
   std::optional<ApiError> too_long_to_encode(size_t text_bytes, const char* param) const;
 

@@ -71,7 +71,7 @@ before(async () => {
   });
   await new Promise((r) => files.listen(0, '127.0.0.1', r));
   filesUrl = `http://127.0.0.1:${files.address().port}`;
-  server = await startServer(['--max-batch', '4', '--ctx', '1024', '--threads', '2', '--allow-image-urls',
+  server = await startServer(['--max-batch', '4', '--ctx', '1024', '--threads', '2', '--allow-image-urls', '--allow-private-image-urls',
     '--image-url-timeout', '2', '--image-url-max-bytes', '200000', '--max-image-pixels', '20000']);
   base = server.url;
   openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });

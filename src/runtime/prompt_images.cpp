@@ -72,23 +72,32 @@ std::vector<int32_t> image_cache_key(std::span<const int32_t> ids, const ImageLa
   return key;
 }
 
-Result<PromptImages> encode_images(Model& model, const ImageLayout& layout, int64_t from) {
+PromptImages images_to_encode(const ImageLayout& layout) {
   PromptImages out;
   out.prompt_tokens = layout.prompt_tokens;
   out.whole = layout.whole;
   out.rope_axes = layout.rope_axes;
   out.positions = layout.positions;
-  for (size_t i = 0; i < layout.images.size(); ++i) {
-    const ProcessedImage& image = layout.images[i];
-    PromptImages::Placed placed{.offset = layout.offsets[i], .tokens = image.soft_tokens};
-    if (placed.offset + placed.tokens > from) {
-      KILN_ASSIGN(placed.rows, model.encode_image(image));
-      if (placed.rows.rows() != image.soft_tokens)
-        return make_error("image {}: the encoder gave {} rows for {} soft tokens", i + 1, placed.rows.rows(),
-                          image.soft_tokens);
-    }
-    out.images.push_back(std::move(placed));
+  for (size_t i = 0; i < layout.images.size(); ++i)
+    out.images.push_back(PromptImages::Placed{.offset = layout.offsets[i], .tokens = layout.images[i].soft_tokens});
+  return out;
+}
+
+Status encode_range(Model& model, const ImageLayout& layout, PromptImages& images, int64_t begin, int64_t end) {
+  for (size_t i = 0; i < images.images.size(); ++i) {
+    PromptImages::Placed& placed = images.images[i];
+    if (placed.rows.defined() || placed.offset >= end || placed.offset + placed.tokens <= begin) continue;
+    KILN_ASSIGN(placed.rows, model.encode_image(layout.images[i]));
+    if (placed.rows.rows() != placed.tokens)
+      return make_error("image {}: the encoder gave {} rows for {} soft tokens", i + 1, placed.rows.rows(),
+                        placed.tokens);
   }
+  return ok_status();
+}
+
+Result<PromptImages> encode_images(Model& model, const ImageLayout& layout, int64_t from) {
+  PromptImages out = images_to_encode(layout);
+  KILN_TRY(encode_range(model, layout, out, from, layout.prompt_tokens));
   return out;
 }
 

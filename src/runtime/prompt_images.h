@@ -63,6 +63,12 @@ struct PromptImages {
 // prompt resumed from the prefix cache runs only the rest).
 Result<PromptImages> encode_images(Model& model, const ImageLayout& layout, int64_t from = 0);
 
+// The same in steps: each image placed with nothing encoded, then the images that overlap prompt
+// tokens [begin, end) encoded when a chunk is about to run them (a runtime that batches prompts
+// encodes a prompt's images as it reaches them, not all at once when the prompt arrives).
+PromptImages images_to_encode(const ImageLayout& layout);
+Status encode_range(Model& model, const ImageLayout& layout, PromptImages& images, int64_t begin, int64_t end);
+
 // A model directory's image front end: its family's image processor, and the layout of a prompt's
 // images for that model. What every client that takes images (the CLI, the server) goes through.
 class ImageInput {

@@ -189,6 +189,7 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
   slot.sampler.reset();
   slot.images = {};
   slot.chunk = {};
+  slot.params.images.reset();
   std::lock_guard lock(stats_mutex_);
   ++stats_.requests_finished;
 }
@@ -240,17 +241,9 @@ void Scheduler::admit() {
       s.state->reset(model_.backend());
     }
     s.prefilled = hit.tokens;
-    if (images) {
-      auto encoded = encode_images(model_, *images, hit.tokens);
-      if (!encoded.ok()) {
-        spdlog::warn("a request's images could not be encoded: {}", encoded.error().message);
-        s.generation->cached_tokens_ = hit.tokens;
-        finish(s, FinishReason::error, encoded.error().message);
-        continue;
-      }
-      s.images = std::move(encoded).value();
-      s.params.images.reset();  // the pixels are done with
-    }
+    // the images are encoded as the prompt's chunks reach them (step), so that a prompt with many
+    // images does not hold up the running streams all at once
+    s.images = images ? images_to_encode(*images) : PromptImages{};
     s.generation->cached_tokens_ = hit.tokens;
     std::lock_guard lock(stats_mutex_);
     stats_.cached_tokens += hit.tokens;
@@ -294,6 +287,12 @@ Status Scheduler::step() {
           n = image.offset > begin ? image.offset - begin : end - begin;
           break;
         }
+      // the images this chunk reaches are encoded now
+      if (Status encoded = encode_range(model_, *slot->params.images, slot->images, begin, begin + n); !encoded) {
+        spdlog::warn("a request's image could not be encoded: {}", encoded.error().message);
+        finish(*slot, FinishReason::error, encoded.error().message);
+        continue;
+      }
       slot->chunk = chunk_inputs(slot->images, begin, begin + n);
     } else {
       slot->chunk = {};
@@ -440,8 +439,9 @@ Status Scheduler::collect(const Launched& launched) {
         continue;
       }
       cache_.insert(prompt, *s.state, model_.backend());
-      s.images = {};  // the encodings' device memory goes back
+      s.images = {};  // the encodings' device memory goes back, and the pixels
       s.chunk = {};
+      s.params.images.reset();
       s.generation->prompt_seconds_ = std::chrono::duration<double>(Clock::now() - s.admitted).count();
     }
     if (s.generation->cancelled()) continue;  // freed at the next step

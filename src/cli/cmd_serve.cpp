@@ -188,7 +188,8 @@ void add_serve_command(CLI::App& app, Action& action, const Environment& env) {
   cmd->add_option("--image-url-max-bytes", o->image_fetch.max_bytes, "Largest image fetched from a URL")
       ->capture_default_str()
       ->check(positive_number());
-  cmd->add_option("--image-url-timeout", o->image_fetch.timeout_seconds, "Seconds to fetch one image from a URL")
+  cmd->add_option("--image-url-timeout", o->image_fetch.timeout_seconds,
+                  "Seconds to fetch all of a request's image URLs")
       ->capture_default_str()
       ->check(positive_number());
   add_run_options(*cmd, o->run);

@@ -68,7 +68,11 @@ size_t write_body(char* data, size_t size, size_t count, void* user) {
 }
 
 std::variant<std::string, ApiError> fetch(const std::string& url, const ImageFetchOptions& options,
-                                          const std::string& param) {
+                                          const std::string& param, std::chrono::steady_clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  if (left <= 0)
+    return bad(fmt::format("fetching the request's images took longer than {} s", options.timeout_seconds), param);
   std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), curl_easy_cleanup);
   if (!curl) return ApiError{.status = 500, .type = "server_error", .message = "could not start an image download"};
   Download d{.max_bytes = options.max_bytes};
@@ -85,7 +89,7 @@ std::variant<std::string, ApiError> fetch(const std::string& url, const ImageFet
   }
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
   curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT, long(options.timeout_seconds));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, long(left));
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, curl_off_t(options.max_bytes));
   curl_easy_setopt(c, CURLOPT_USERAGENT, "kiln");
@@ -133,7 +137,8 @@ std::optional<std::string> decode_base64(std::string_view text) {
 }
 
 std::variant<std::string, ApiError> image_url_bytes(const std::string& url, const ImageFetchOptions& options,
-                                                    const std::string& param) {
+                                                    const std::string& param,
+                                                    std::optional<std::chrono::steady_clock::time_point> deadline) {
   if (url.rfind("data:", 0) == 0) {
     // data:[<media type>][;base64],<data>
     const size_t comma = url.find(',');
@@ -150,7 +155,8 @@ std::variant<std::string, ApiError> image_url_bytes(const std::string& url, cons
       return bad(
           "this server does not fetch image URLs (start it with --allow-image-urls); send the image as a data: URL",
           param);
-    return fetch(url, options, param);
+    return fetch(url, options, param,
+                 deadline.value_or(std::chrono::steady_clock::now() + std::chrono::seconds(options.timeout_seconds)));
   }
   return bad("an image URL must be a data: URL or, where the server allows it, http(s)", param);
 }

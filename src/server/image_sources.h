@@ -3,6 +3,7 @@
 // data or a URL), as the image file's bytes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,15 +21,17 @@ struct ImageFetchOptions {
   // into its own network.
   bool allow_private = false;
   int64_t max_bytes = int64_t(20) << 20;  // of one fetched image
-  int timeout_seconds = 10;               // to fetch one image, redirects included
+  int timeout_seconds = 10;               // to fetch all of a request's image URLs, redirects included
 };
 
 // Sets up the HTTP client (libcurl's global state); call once before threads fetch.
 void init_image_fetching();
 
 // The bytes of an image at `url`; errors name `param` (HTTP 400).
-std::variant<std::string, ApiError> image_url_bytes(const std::string& url, const ImageFetchOptions& options,
-                                                    const std::string& param);
+// `deadline`: when the request's fetches must be done (none: timeout_seconds from now).
+std::variant<std::string, ApiError> image_url_bytes(
+    const std::string& url, const ImageFetchOptions& options, const std::string& param,
+    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 
 // Standard base64 (whitespace ignored) to bytes; nothing when the text is not base64.
 std::optional<std::string> decode_base64(std::string_view text);

@@ -111,7 +111,10 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
   if (!messages.is_array() || messages.empty()) return bad_request("'messages' must be a non-empty array", "messages");
   ChatRequest request;
   std::vector<ProcessedImage> images;
-  int64_t soft_tokens = 0;                        // the images'
+  int64_t soft_tokens = 0;  // the images'
+  // a request's image URLs share one time limit
+  const auto fetch_deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(model_.image_fetch.timeout_seconds);
   std::map<std::string, std::string> call_names;  // tool call id -> function name
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -146,7 +149,7 @@ std::variant<Prompt, ApiError> Service::chat_prompt(const json& messages, const 
       for (const auto& part : content.images) {
         if (images.size() >= kMaxImages)
           return bad_request(fmt::format("a request may hold at most {} images", kMaxImages), part.param);
-        auto bytes = image_url_bytes(part.url, model_.image_fetch, part.param);
+        auto bytes = image_url_bytes(part.url, model_.image_fetch, part.param, fetch_deadline);
         if (auto* e = std::get_if<ApiError>(&bytes)) return *e;
         const std::string& data = std::get<std::string>(bytes);
         auto image = model_.images->read(

@@ -173,6 +173,11 @@ test('bad images get a 400 naming them, and the server keeps serving', async () 
       (e) => e.status === 400 && pattern.test(e.message) && /messages\[0\]\.content\[0\]\.image_url/.test(e.message + e.param),
       url.slice(0, 60));
   }
+  // a request's URLs share one time limit: two that never answer fail within about 2 s, not 4
+  const started = Date.now();
+  await assert.rejects(chat([imagePart(`${filesUrl}/slow`), imagePart(`${filesUrl}/slow`)]),
+    (e) => e.status === 400 && /took longer than 2 s/.test(e.message));
+  assert.ok(Date.now() - started < 3500, `${Date.now() - started} ms`);
   // over the server's pixel limit (20000): triangle.gif is 256 × 128
   await assert.rejects(chat([imagePart(dataUrl('triangle.gif', 'image/gif'))]), (e) => e.status === 400 && /pixels/.test(e.message));
   // a placeholder count the template does not write, an image in an assistant message

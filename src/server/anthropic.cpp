@@ -170,8 +170,12 @@ json tool_use_block(const ToolCall& call) {
 
 }  // namespace
 
-void handle_messages(Service& service, const httplib::Request& req, httplib::Response& res) {
-  const std::string endpoint = "/v1/messages";
+namespace {
+
+// /v1/messages, or with `count_only` /v1/messages/count_tokens: the same request (max_tokens not
+// required), answered with the prompt's token count instead of a generation.
+void messages(Service& service, const httplib::Request& req, httplib::Response& res, bool count_only) {
+  const std::string endpoint = count_only ? "/v1/messages/count_tokens" : "/v1/messages";
   auto fail = [&](const ApiError& e) {
     service.metrics().request(endpoint, e.status);
     respond_json(res, e.status, anthropic_error(e));
@@ -187,7 +191,7 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   GenerationRequest request;
   request.max_tokens = -1;
   fields.integer("max_tokens", 1, INT32_MAX, request.max_tokens);
-  if (request.max_tokens < 0) fields.fail("max_tokens", "'max_tokens' is required");
+  if (request.max_tokens < 0 && !count_only) fields.fail("max_tokens", "'max_tokens' is required");
   bool stream = false;
   fields.boolean("stream", stream);
   fields.strings("stop_sequences", request.stops, 16, /*or_string=*/false);
@@ -289,6 +293,10 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
   auto prompt = service.chat_prompt(std::get<json>(converted), tools ? &openai_tools : nullptr, kwargs,
                                     /*continue_final_message=*/true);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
+  if (count_only) {
+    service.metrics().request(endpoint, 200);
+    return respond_json(res, 200, {{"input_tokens", std::get<Prompt>(prompt).ids.size()}});
+  }
   request.prompt = std::move(std::get<Prompt>(prompt));
   request.call_name = chosen;
 
@@ -429,6 +437,16 @@ void handle_messages(Service& service, const httplib::Request& req, httplib::Res
     if (!send(out)) return gen->cancel(), false;
     return more;
   });
+}
+
+}  // namespace
+
+void handle_messages(Service& service, const httplib::Request& req, httplib::Response& res) {
+  messages(service, req, res, /*count_only=*/false);
+}
+
+void handle_count_tokens(Service& service, const httplib::Request& req, httplib::Response& res) {
+  messages(service, req, res, /*count_only=*/true);
 }
 
 }  // namespace kiln::server

@@ -62,5 +62,10 @@ std::string random_id(const char* prefix);
 void handle_chat_completions(Service& service, const httplib::Request& req, httplib::Response& res);
 void handle_completions(Service& service, const httplib::Request& req, httplib::Response& res);
 void handle_messages(Service& service, const httplib::Request& req, httplib::Response& res);
+// Anthropic's /v1/messages/count_tokens: a Messages request's prompt tokens.
+void handle_count_tokens(Service& service, const httplib::Request& req, httplib::Response& res);
+// /tokenize and /detokenize, in vLLM's shapes (and llama.cpp's field names).
+void handle_tokenize(Service& service, const httplib::Request& req, httplib::Response& res);
+void handle_detokenize(Service& service, const httplib::Request& req, httplib::Response& res);
 
 }  // namespace kiln::server

@@ -295,6 +295,12 @@ struct Server::Impl {
               [this](const httplib::Request& req, httplib::Response& res) { handle_completions(service, req, res); });
     http.Post("/v1/messages",
               [this](const httplib::Request& req, httplib::Response& res) { handle_messages(service, req, res); });
+    http.Post("/v1/messages/count_tokens",
+              [this](const httplib::Request& req, httplib::Response& res) { handle_count_tokens(service, req, res); });
+    http.Post("/tokenize",
+              [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(service, req, res); });
+    http.Post("/detokenize",
+              [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(service, req, res); });
   }
 };
 

@@ -419,6 +419,42 @@ test('Anthropic Messages API: plain, streamed, tools, cache and errors', async (
   assert.equal(named.type, 'message');
 });
 
+test('token endpoints: Anthropic count_tokens, /tokenize and /detokenize', async () => {
+  const messages = [{ role: 'user', content: 'How hot does a kiln get?' }];
+  const counted = await anthropic.messages.countTokens({ model: modelName, system: 'Be brief.', messages });
+  const answered = await anthropic.messages.create({ model: modelName, max_tokens: 2, system: 'Be brief.', messages });
+  assert.equal(counted.input_tokens, answered.usage.input_tokens);
+  const post = async (route, body) => {
+    const r = await fetch(`${base}${route}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    return { status: r.status, body: await r.json() };
+  };
+  const text = 'Stoneware fires hotter than earthenware.';
+  const tok = await post('/tokenize', { model: modelName, prompt: text });
+  assert.equal(tok.status, 200);
+  assert.equal(tok.body.count, tok.body.tokens.length);
+  assert.ok(tok.body.max_model_len > 0);
+  const completion = await openai.completions.create({ model: modelName, prompt: text, max_tokens: 1 });
+  assert.equal(tok.body.count, completion.usage.prompt_tokens);
+  const back = await post('/detokenize', { model: modelName, tokens: tok.body.tokens });
+  assert.equal(back.body.prompt, text);
+  assert.equal((await post('/tokenize', { content: text })).body.tokens.length, tok.body.count);  // llama.cpp's names
+  const chat = await post('/tokenize', { model: modelName, messages });
+  const completed = await openai.chat.completions.create({ model: modelName, messages, max_tokens: 1 });
+  assert.equal(chat.body.count, completed.usage.prompt_tokens);
+  for (const [route, body, pattern] of [
+    ['/tokenize', {}, /prompt/],
+    ['/detokenize', { tokens: [-1] }, /tokens/],
+    ['/detokenize', { tokens: 'abc' }, /tokens/],
+    ['/tokenize', { model: 'other', prompt: 'x' }, /does not exist/],
+  ]) {
+    const r = await post(route, body);
+    assert.ok(r.status === 400 || r.status === 404, JSON.stringify(r));
+    assert.match(r.body.error.message, pattern);
+  }
+  await assert.rejects(anthropic.messages.countTokens({ model: modelName, messages: [{ role: 'user', content: [] }] }),
+    (e) => e.status === 400);
+});
+
 test('metrics in Prometheus text format', async () => {
   const text = await (await fetch(`${base}/metrics`)).text();
   for (const name of ['kiln_http_requests_total', 'kiln_queue_depth', 'kiln_batch_size', 'kiln_prefix_cache_hits_total',

@@ -3,6 +3,7 @@
 // cache too, whose keys tell images apart by their content.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -138,7 +139,10 @@ TEST_P(ImageScheduling, MatchesADirectRunInChunksBatchesAndFromTheCache) {
   // the images matter: the same ids with other pictures give other log-probabilities
   {
     std::vector<ProcessedImage> blank = c.images;
-    for (auto& image : blank) image.pixels = host_tensor(DType::f32, image.pixels.shape());
+    for (auto& image : blank) {
+      image.pixels = host_tensor(DType::f32, image.pixels.shape());
+      std::fill_n(image.pixels.data_as<float>(), image.pixels.numel(), 0.5f);  // a flat grey picture
+    }
     const Greedy without = direct_greedy(**model, c, *layout_of(**model, c, blank), kSteps);
     double most = 0;
     for (size_t i = 0; i < expected.logprobs.size(); ++i)

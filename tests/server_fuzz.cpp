@@ -21,7 +21,7 @@ using nlohmann::json;
 
 namespace {
 
-const char* kEndpoints[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages"};
+const char* kEndpoints[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"};
 
 json valid_request(int endpoint, std::mt19937_64& rng) {
   switch (endpoint) {
@@ -31,6 +31,12 @@ json valid_request(int endpoint, std::mt19937_64& rng) {
         "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}}]})");
     case 1:
       return json::parse(R"({"prompt":[1,2,3,4],"max_tokens":4,"temperature":0,"stream":false,"seed":3})");
+    case 3:
+      return json::parse(R"({"max_output_tokens":4,"instructions":"Be brief.","input":[
+        {"role":"user","content":[{"type":"input_text","text":"Hi"}]},
+        {"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":\"b\"}"},
+        {"type":"function_call_output","call_id":"c1","output":"ok"}],"tool_choice":"auto",
+        "tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}]})");
     default:
       return json::parse(
           R"({"model":"m","max_tokens":4,"system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]},
@@ -156,7 +162,7 @@ int main(int argc, char** argv) {
       httplib::Client c(url);
       c.set_read_timeout(120, 0);
       while (std::chrono::steady_clock::now() < end) {
-        const int endpoint = int(rng() % 3);
+        const int endpoint = int(rng() % std::size(kEndpoints));
         std::string body = rng() % 50 == 0 ? std::string(max_body + 1 + rng() % 1000, 'x') : mutate(endpoint, rng);
         auto res = c.Post(kEndpoints[endpoint], body, "application/json");
         ++sent;

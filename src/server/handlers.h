@@ -26,6 +26,7 @@ void respond_json(httplib::Response& res, int status, const nlohmann::json& body
 void respond_events(httplib::Response& res, Service& service, EventSource source);
 
 class HttpConnection;
+class ResponseStore;  // server/responses.h
 
 // Whether the client that sent a request has gone, for responses written only at the end (a
 // non-streamed generation is cancelled then). Made and asked on the thread serving the request.
@@ -59,6 +60,10 @@ nlohmann::json anthropic_error(const ApiError& error);
 // A short random id (for response, tool call and message ids).
 std::string random_id(const char* prefix);
 
+// The reasoning efforts OpenAI names (none, minimal, low, medium, high, xhigh), which reach the chat
+// template as reasoning_effort.
+bool known_reasoning_effort(const std::string& effort);
+
 void handle_chat_completions(Service& service, const httplib::Request& req, httplib::Response& res);
 void handle_completions(Service& service, const httplib::Request& req, httplib::Response& res);
 void handle_messages(Service& service, const httplib::Request& req, httplib::Response& res);
@@ -67,5 +72,11 @@ void handle_count_tokens(Service& service, const httplib::Request& req, httplib:
 // /tokenize and /detokenize, in vLLM's shapes (and llama.cpp's field names).
 void handle_tokenize(Service& service, const httplib::Request& req, httplib::Response& res);
 void handle_detokenize(Service& service, const httplib::Request& req, httplib::Response& res);
+// The OpenAI Responses API: POST /v1/responses, and GET and DELETE /v1/responses/{id} (the id in
+// req.matches[1]).
+void handle_responses(Service& service, ResponseStore& store, const httplib::Request& req, httplib::Response& res);
+void handle_get_response(Service& service, ResponseStore& store, const httplib::Request& req, httplib::Response& res);
+void handle_delete_response(Service& service, ResponseStore& store, const httplib::Request& req,
+                            httplib::Response& res);
 
 }  // namespace kiln::server

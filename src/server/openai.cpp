@@ -330,6 +330,11 @@ void read_tools(RequestFields& fields, const json& tools) {
 
 }  // namespace
 
+bool known_reasoning_effort(const std::string& effort) {
+  static const std::set<std::string> efforts{"none", "minimal", "low", "medium", "high", "xhigh"};
+  return efforts.count(effort) > 0;
+}
+
 SamplingParams read_sampling(RequestFields& fields, const SamplingParams& defaults) {
   SamplingParams s = defaults;
   fields.number("temperature", 0, 2, s.temperature);
@@ -418,15 +423,14 @@ void handle_chat_completions(Service& service, const httplib::Request& req, http
   // not read it ignores it); vLLM's thinking_token_budget closes the reasoning after that many tokens
   std::string reasoning_effort;
   fields.string("reasoning_effort", reasoning_effort);
-  const std::set<std::string> efforts{"none", "minimal", "low", "medium", "high", "xhigh"};
   if (fields.ok() && body.contains("reasoning_effort") && !body["reasoning_effort"].is_null() &&
-      !efforts.count(reasoning_effort))
+      !known_reasoning_effort(reasoning_effort))
     fields.fail("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium, high or xhigh");
   else if (!reasoning_effort.empty())
     kwargs["reasoning_effort"] = reasoning_effort;
   // the same field set through chat_template_kwargs is held to the same values
   if (const auto it = kwargs.find("reasoning_effort");
-      fields.ok() && it != kwargs.end() && !(it->is_string() && efforts.count(it->get<std::string>())))
+      fields.ok() && it != kwargs.end() && !(it->is_string() && known_reasoning_effort(it->get<std::string>())))
     fields.fail("chat_template_kwargs",
                 "'chat_template_kwargs.reasoning_effort' must be none, minimal, low, medium, high or xhigh");
   fields.integer("thinking_token_budget", 0, INT32_MAX, request.reasoning_budget);

@@ -10,6 +10,7 @@
 
 #include "server/handlers.h"
 #include "server/http_connection.h"
+#include "server/responses.h"
 
 namespace kiln::server {
 
@@ -124,6 +125,7 @@ std::string random_id(const char* prefix) {
 
 struct Server::Impl {
   Service service;
+  ResponseStore responses;  // the Responses API's stored responses
   ServerOptions options;
   HttpServer http;
   bool bound = false;
@@ -186,7 +188,7 @@ struct Server::Impl {
       if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
       // a fixed set of labels: a client without a key must not add series (or text) to /metrics
       static const std::set<std::string> kEndpoints = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                                                       "/v1/models", "/metrics"};
+                                                       "/v1/responses",        "/v1/models",      "/metrics"};
       service.metrics().request(kEndpoints.count(req.path) ? req.path : std::string("other"), 401);
       error(req, res,
             ApiError{.status = 401,
@@ -231,11 +233,18 @@ struct Server::Impl {
           static const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "POST"},
                                                                       {"/v1/completions", "POST"},
                                                                       {"/v1/messages", "POST"},
+                                                                      {"/v1/responses", "POST"},
+                                                                      {"/v1/responses/ID", "GET, DELETE"},
                                                                       {"/v1/models", "GET"},
                                                                       {"/health", "GET"},
                                                                       {"/metrics", "GET"}};
           const bool one_model = req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11;  // /v1/models/ID
-          if (auto known = kMethods.find(one_model ? "/v1/models" : req.path);
+          // /v1/responses/ID (one path segment)
+          const bool one_response = req.path.rfind("/v1/responses/", 0) == 0 && req.path.size() > 14 &&
+                                    req.path.find('/', 14) == std::string::npos;
+          if (auto known = kMethods.find(one_model      ? std::string("/v1/models")
+                                         : one_response ? std::string("/v1/responses/ID")
+                                                        : req.path);
               res.status == 404 && known != kMethods.end()) {
             e.status = res.status = 405;
             e.message = fmt::format("{} takes {}, not {}", req.path, known->second, req.method);
@@ -297,6 +306,15 @@ struct Server::Impl {
               [this](const httplib::Request& req, httplib::Response& res) { handle_messages(service, req, res); });
     http.Post("/v1/messages/count_tokens",
               [this](const httplib::Request& req, httplib::Response& res) { handle_count_tokens(service, req, res); });
+    http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_responses(service, responses, req, res);
+    });
+    http.Get("/v1/responses/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_get_response(service, responses, req, res);
+    });
+    http.Delete("/v1/responses/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_delete_response(service, responses, req, res);
+    });
     http.Post("/tokenize",
               [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(service, req, res); });
     http.Post("/detokenize",

@@ -1,4 +1,4 @@
-// kiln's HTTP server: the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models), the
+// kiln's HTTP server: the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models), the
 // Anthropic Messages API (/v1/messages), /health and /metrics, on top of a Scheduler.
 //
 // cpp-httplib does the HTTP; each connection has a thread, which for a generation waits on the

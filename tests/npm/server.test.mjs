@@ -2,8 +2,9 @@
 //   node --test tests/npm/server.test.mjs   (KILN_BINARY names the kiln executable)
 // Builds a small random-weight Qwen 3.5 model with the real Qwen 3 tokenizer and chat template,
 // starts `kiln serve` on a free port, and checks chat and text completions (streamed and not),
-// the Messages API, tool-call round trips, cached-token accounting on a second turn, errors for
-// bad requests, authentication, and that a client leaving mid-stream frees its slot.
+// the Messages API, the Responses API (stored responses and previous_response_id included),
+// tool-call round trips, cached-token accounting on a second turn, errors for bad requests,
+// authentication, and that a client leaving mid-stream frees its slot.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
@@ -453,6 +454,179 @@ test('token endpoints: Anthropic count_tokens, /tokenize and /detokenize', async
   }
   await assert.rejects(anthropic.messages.countTokens({ model: modelName, messages: [{ role: 'user', content: [] }] }),
     (e) => e.status === 400);
+});
+
+test('Responses API: a response, its stream and the chat completion of the same messages agree', async () => {
+  const params = { model: modelName, instructions: 'Be brief.', input: 'Hello there', max_output_tokens: 8, temperature: 0,
+    metadata: { run: 'npm' } };
+  const r = await openai.responses.create(params);
+  assert.equal(r.object, 'response');
+  assert.match(r.id, /^resp_/);
+  assert.equal(r.model, modelName);
+  assert.ok(['completed', 'incomplete'].includes(r.status), r.status);
+  assert.deepEqual(r.incomplete_details, r.status === 'incomplete' ? { reason: 'max_output_tokens' } : null);
+  assert.equal(r.error, null);
+  assert.equal(r.instructions, 'Be brief.');
+  assert.deepEqual(r.metadata, { run: 'npm' });
+  assert.equal(r.store, true);
+  assert.deepEqual(r.text, { format: { type: 'text' } });
+  const messages = r.output.filter((item) => item.type === 'message');
+  assert.equal(messages.length, 1, JSON.stringify(r.output));
+  const [message] = messages;
+  assert.match(message.id, /^msg_/);
+  assert.equal(message.role, 'assistant');
+  assert.equal(message.content[0].type, 'output_text');
+  assert.deepEqual(message.content[0].annotations, []);
+  assert.equal(r.output_text, message.content[0].text);  // the SDK's getter
+  assert.ok(r.output_text.length > 0);
+  assert.ok(r.usage.input_tokens > 5);
+  assert.ok(r.usage.output_tokens >= 1 && r.usage.output_tokens <= 8);
+  assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+  assert.equal(typeof r.usage.input_tokens_details.cached_tokens, 'number');
+  assert.equal(r.usage.output_tokens_details.reasoning_tokens, 0);
+  // the instructions are a system message before the input, as chat completions renders them
+  const chat = await openai.chat.completions.create({ model: modelName, max_tokens: 8, temperature: 0,
+    messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello there' }] });
+  assert.equal(r.output_text, chat.choices[0].message.content);
+  assert.equal(r.usage.input_tokens, chat.usage.prompt_tokens);
+  assert.equal(r.status === 'incomplete', chat.choices[0].finish_reason === 'length');
+
+  const stream = await openai.responses.create({ ...params, stream: true });
+  const events = [];
+  for await (const event of stream) events.push(event);
+  assert.deepEqual(events.map((e) => e.sequence_number), events.map((_, i) => i));
+  assert.deepEqual(events.slice(0, 2).map((e) => e.type), ['response.created', 'response.in_progress']);
+  assert.equal(events[0].response.status, 'in_progress');
+  const last = events.at(-1);
+  assert.equal(last.type, `response.${r.status}`);
+  const types = events.map((e) => e.type);
+  for (const type of ['response.output_item.added', 'response.content_part.added', 'response.output_text.done',
+    'response.content_part.done', 'response.output_item.done'])
+    assert.ok(types.includes(type), type);
+  const deltas = events.filter((e) => e.type === 'response.output_text.delta');
+  assert.ok(deltas.length >= 2);
+  const text = deltas.map((e) => e.delta).join('');
+  const streamed = last.response.output.find((item) => item.type === 'message');
+  assert.equal(text, streamed.content[0].text);
+  assert.equal(deltas[0].item_id, streamed.id);
+  assert.equal(text, r.output_text);
+  assert.deepEqual(last.response.usage, r.usage);
+  // the SDK's stream helper builds the same response from the events, and the stream was stored
+  const helper = await openai.responses.stream(params).finalResponse();
+  assert.equal(helper.output_text, r.output_text);
+  assert.equal((await openai.responses.retrieve(last.response.id)).output_text, text);
+
+  // reasoning.effort reaches the template (which this one does not read) and is echoed
+  const low = await openai.responses.create({ ...params, reasoning: { effort: 'low' } });
+  assert.equal(low.reasoning.effort, 'low');
+  assert.equal(low.usage.input_tokens, r.usage.input_tokens);
+});
+
+test('Responses API: function tools, tool_choice and a function-call round trip', async () => {
+  const tools = [{ type: 'function', name: 'get_weather', description: 'Weather in a city', strict: false,
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+  const hi = { model: modelName, input: 'hi', tools, max_output_tokens: 2, temperature: 0 };
+  // the forced opening of a call: two tokens of it come back as text, an unfinished call
+  for (const tool_choice of ['required', { type: 'function', name: 'get_weather' },
+    { type: 'allowed_tools', mode: 'required', tools: [{ type: 'function', name: 'get_weather' }] }]) {
+    const forced = await openai.responses.create({ ...hi, tool_choice });
+    assert.match(forced.output_text, /^<tool_call>/, JSON.stringify(tool_choice));
+    assert.deepEqual(forced.tool_choice, tool_choice);
+    assert.equal(forced.tools[0].name, 'get_weather');
+    assert.equal(forced.tools[0].type, 'function');
+  }
+  const free = await openai.responses.create(hi);
+  assert.doesNotMatch(free.output_text, /^<tool_call>/);
+  assert.equal(free.tool_choice, 'auto');
+  const none = await openai.responses.create({ ...hi, tool_choice: 'none' });
+  assert.ok(none.usage.input_tokens < free.usage.input_tokens);
+
+  // a call and its output in the input: the prompt chat completions makes of the same conversation
+  const input = [
+    { role: 'user', content: [{ type: 'input_text', text: 'What is the weather in Paris?' }] },
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: JSON.stringify({ city: 'Paris' }) },
+    { type: 'function_call_output', call_id: 'call_1', output: '{"temperature": 21}' },
+  ];
+  const answered = await openai.responses.create({ ...hi, input, max_output_tokens: 6 });
+  const chat = await openai.chat.completions.create({ model: modelName, max_tokens: 6, temperature: 0,
+    tools: [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city', parameters: tools[0].parameters } }],
+    messages: [{ role: 'user', content: 'What is the weather in Paris?' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+        function: { name: 'get_weather', arguments: JSON.stringify({ city: 'Paris' }) } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '{"temperature": 21}' }] });
+  assert.equal(answered.usage.input_tokens, chat.usage.prompt_tokens);
+  assert.equal(answered.output_text, chat.choices[0].message.content ?? '');
+  const asked = await openai.responses.create({ ...hi, input: input.slice(0, 1) });
+  assert.ok(answered.usage.input_tokens > asked.usage.input_tokens + 20);
+});
+
+test('Responses API: stored responses, previous_response_id, retrieve and delete', async () => {
+  const first = await openai.responses.create({ model: modelName, input: `${longText} Summarise the notes.`,
+    max_output_tokens: 6, temperature: 0 });
+  assert.ok(first.usage.input_tokens > 600, `input of ${first.usage.input_tokens} tokens`);
+  const second = await openai.responses.create({ model: modelName, previous_response_id: first.id,
+    input: 'And now in one word?', max_output_tokens: 6, temperature: 0 });
+  assert.equal(second.previous_response_id, first.id);
+  assert.ok(second.usage.input_tokens > first.usage.input_tokens);
+  const cached = second.usage.input_tokens_details.cached_tokens;
+  assert.ok(cached >= first.usage.input_tokens - 256, `cached ${cached} of ${second.usage.input_tokens}`);
+  // the same as sending the whole conversation
+  const whole = await openai.responses.create({ model: modelName, max_output_tokens: 6, temperature: 0, store: false,
+    input: [{ role: 'user', content: `${longText} Summarise the notes.` }, { role: 'assistant', content: first.output_text },
+      { role: 'user', content: 'And now in one word?' }] });
+  assert.equal(whole.usage.input_tokens, second.usage.input_tokens);
+  assert.equal(whole.output_text, second.output_text);
+
+  const got = await openai.responses.retrieve(first.id);
+  assert.equal(got.id, first.id);
+  assert.deepEqual(got.output, first.output);
+  assert.deepEqual(got.usage, first.usage);
+  assert.equal(got.output_text, first.output_text);
+  await openai.responses.delete(first.id);
+  await assert.rejects(openai.responses.retrieve(first.id), (e) => e.status === 404);
+  await assert.rejects(openai.responses.delete(first.id), (e) => e.status === 404);
+  // the second holds the whole conversation: it goes on without the first
+  const third = await openai.responses.create({ model: modelName, previous_response_id: second.id, input: 'Thanks',
+    max_output_tokens: 2, temperature: 0 });
+  assert.ok(third.usage.input_tokens > second.usage.input_tokens);
+  const deleted = await fetch(`${base}/v1/responses/${second.id}`, { method: 'DELETE' });
+  assert.deepEqual(await deleted.json(), { id: second.id, object: 'response', deleted: true });
+  // a response not stored is not kept, and cannot be continued
+  assert.equal(whole.store, false);
+  await assert.rejects(openai.responses.retrieve(whole.id), (e) => e.status === 404);
+  await assert.rejects(openai.responses.create({ model: modelName, previous_response_id: whole.id, input: 'More' }),
+    (e) => e.status === 400 && e.param === 'previous_response_id' && /not a stored response/.test(e.message));
+});
+
+test('Responses API: bad requests get OpenAI error objects naming the field', async () => {
+  const hi = { model: modelName, input: 'hi', max_output_tokens: 4 };
+  for (const [request, status, param, pattern] of [
+    [{ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object' } } } }, 400, 'text.format', /json_schema is not supported/],
+    [{ tools: [{ type: 'web_search' }] }, 400, 'tools[0].type', /'web_search' is not supported/],
+    [{ tool_choice: 'required' }, 400, 'tool_choice', /needs 'tools'/],
+    [{ tools: [{ type: 'function', name: 'f' }], tool_choice: { type: 'function', name: 'g' } }, 400, 'tool_choice', /'g', which is not among 'tools'/],
+    [{ input: [{ role: 'wizard', content: 'hi' }] }, 400, 'input[0].role', /role/],
+    [{ input: [{ type: 'function_call_output', call_id: 'c' }] }, 400, 'input[0].output', /required/],
+    [{ input: [{ role: 'user', content: [{ type: 'input_file', file_id: 'file-1' }] }] }, 400, 'input[0].content[0].type', /input_file/],
+    [{ input: [{ type: 'function_call', call_id: 'c', name: 'f', arguments: 'not json' }] }, 400, 'input[0].arguments', /JSON object/],
+    [{ max_output_tokens: 100000 }, 400, 'max_output_tokens', /context/],
+    [{ input: longText.repeat(4) }, 400, 'input', /context/],
+    [{ background: true }, 400, 'background', /not supported/],
+    [{ reasoning: { effort: 'extreme' } }, 400, 'reasoning.effort', /effort/],
+    [{ temperature: 'hot' }, 400, 'temperature', /temperature/],
+    [{ previous_response_id: 'resp_missing' }, 400, 'previous_response_id', /not a stored response/],
+    [{ model: 'no-such-model' }, 404, 'model', /does not exist/],
+  ]) {
+    await assert.rejects(openai.responses.create({ ...hi, ...request }), (e) => {
+      assert.equal(e.status, status, `${JSON.stringify(request)}: ${e}`);
+      assert.equal(e.param, param, JSON.stringify(request));
+      assert.match(e.message, pattern);
+      return true;
+    });
+  }
+  const wrong = await fetch(`${base}/v1/responses`, { method: 'GET' });
+  assert.equal(wrong.status, 405);
+  assert.equal((await fetch(`${base}/v1/responses/resp_nope`)).status, 404);
 });
 
 test('metrics in Prometheus text format', async () => {

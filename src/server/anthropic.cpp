@@ -180,14 +180,10 @@ void messages(Service& service, const httplib::Request& req, httplib::Response& 
     service.metrics().request(endpoint, e.status);
     respond_json(res, e.status, anthropic_error(e));
   };
-  auto parsed = parse_body(req);
+  auto parsed = read_request(service, req, /*model_required=*/true);
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
   const json& body = std::get<json>(parsed);
   RequestFields fields(body);
-  std::string model;
-  fields.string("model", model, true);
-  if (!fields.ok()) return fail(*fields.error());
-  if (auto e = service.check_model(model)) return fail(*e);
   GenerationRequest request;
   request.max_tokens = -1;
   fields.integer("max_tokens", 1, INT32_MAX, request.max_tokens);

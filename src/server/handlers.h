@@ -48,6 +48,10 @@ class ClientConnection {
 
 // The request body as a JSON object, or an ApiError for malformed JSON or any other JSON value.
 std::variant<nlohmann::json, ApiError> parse_body(const httplib::Request& req);
+// parse_body with the body's "model" (a string, required where `model_required`) checked against
+// the served model: how every endpoint that takes a body begins.
+std::variant<nlohmann::json, ApiError> read_request(const Service& service, const httplib::Request& req,
+                                                    bool model_required = false);
 
 // Sampling fields shared by the OpenAI endpoints (temperature, top_p, top_k, min_p, penalties, seed).
 SamplingParams read_sampling(RequestFields& fields, const SamplingParams& defaults);

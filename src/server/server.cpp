@@ -88,6 +88,17 @@ std::variant<json, ApiError> parse_body(const httplib::Request& req) {
   return body;
 }
 
+std::variant<json, ApiError> read_request(const Service& service, const httplib::Request& req, bool model_required) {
+  auto parsed = parse_body(req);
+  if (std::holds_alternative<ApiError>(parsed)) return parsed;
+  RequestFields fields(std::get<json>(parsed));
+  std::string model;
+  fields.string("model", model, model_required);
+  if (!fields.ok()) return *fields.error();
+  if (auto e = service.check_model(model)) return *e;
+  return parsed;
+}
+
 json openai_error(const ApiError& e) {
   return {{"error",
            {{"message", e.message},

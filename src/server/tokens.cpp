@@ -20,13 +20,10 @@ void respond_error(Service& service, httplib::Response& res, const std::string& 
 void handle_tokenize(Service& service, const httplib::Request& req, httplib::Response& res) {
   const std::string endpoint = "/tokenize";
   auto fail = [&](const ApiError& e) { respond_error(service, res, endpoint, e); };
-  auto parsed = parse_body(req);
+  auto parsed = read_request(service, req);
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
   const json& body = std::get<json>(parsed);
   RequestFields fields(body);
-  std::string model;
-  fields.string("model", model);
-  if (auto e = service.check_model(model)) return fail(*e);
   if (!service.model().tokenizer) return fail(ApiError{.message = "this model has no tokenizer", .param = "prompt"});
   std::vector<int32_t> ids;
   if (const json* messages = fields.array("messages")) {
@@ -63,13 +60,10 @@ void handle_tokenize(Service& service, const httplib::Request& req, httplib::Res
 void handle_detokenize(Service& service, const httplib::Request& req, httplib::Response& res) {
   const std::string endpoint = "/detokenize";
   auto fail = [&](const ApiError& e) { respond_error(service, res, endpoint, e); };
-  auto parsed = parse_body(req);
+  auto parsed = read_request(service, req);
   if (auto* e = std::get_if<ApiError>(&parsed)) return fail(*e);
   const json& body = std::get<json>(parsed);
   RequestFields fields(body);
-  std::string model;
-  fields.string("model", model);
-  if (auto e = service.check_model(model)) return fail(*e);
   const json* tokens = fields.array("tokens", /*required=*/true);
   if (!fields.ok()) return fail(*fields.error());
   if (!service.model().tokenizer) return fail(ApiError{.message = "this model has no tokenizer", .param = "tokens"});

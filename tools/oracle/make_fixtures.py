@@ -425,19 +425,26 @@ def build(name, out_root):
         "storage": storage,
         "dtype": dtype,
     }
+    write_report(out_dir, name, report)
+
+
+def write_report(out_dir, name, report):
+    """Writes a fixture's oracle.json and prints its one-line summary."""
     with open(os.path.join(out_dir, "oracle.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(f"=== {name}: {json.dumps(report)}")
 
 
-def main():
+def run_all(fixtures, build):
+    """The oracle scripts' command line: OUT_DIR [--only NAME ...]; builds each fixture with
+    build(name, out_dir), reports every failure and exits non-zero after any."""
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--only", nargs="*")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     failed = []
-    for name in FIXTURES:
+    for name in fixtures:
         if args.only and name not in args.only:
             continue
         try:
@@ -448,6 +455,10 @@ def main():
     if failed:
         print("FAILED:", failed)
         sys.exit(1)
+
+
+def main():
+    run_all(FIXTURES, build)
 
 
 if __name__ == "__main__":

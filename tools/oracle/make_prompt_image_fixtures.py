@@ -20,12 +20,10 @@ same settings), oracle.json. No logits.npy: the text-only fixture tests leave th
 Usage: make_prompt_image_fixtures.py OUT_DIR [--only NAME ...]
 """
 
-import argparse
 import json
 import os
 import shutil
 import sys
-import traceback
 
 import numpy as np
 import torch
@@ -189,29 +187,11 @@ def build(name, out_root):
         "soft_tokens": soft,
         "grids": grids,
     }
-    with open(os.path.join(out_dir, "oracle.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"=== {name}: {json.dumps(report)}")
+    mf.write_report(out_dir, name, report)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--only", nargs="*")
-    args = ap.parse_args()
-    torch.set_grad_enabled(False)
-    failed = []
-    for name in FIXTURES:
-        if args.only and name not in args.only:
-            continue
-        try:
-            build(name, args.out_dir)
-        except Exception:
-            traceback.print_exc()
-            failed.append(name)
-    if failed:
-        print("FAILED:", failed)
-        sys.exit(1)
+    mf.run_all(FIXTURES, build)
 
 
 if __name__ == "__main__":

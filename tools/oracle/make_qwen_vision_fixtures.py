@@ -13,7 +13,7 @@ vision_config, model.safetensors under model.language_model. and model.visual.) 
   logits.npy          float32 [len(ids), vocab] from one full forward
   oracle.json         versions and self-checks (prefill + decode through the cache vs one forward)
 
-Usage: make_qwen_vision_fixtures.py OUT_DIR
+Usage: make_qwen_vision_fixtures.py OUT_DIR [--only NAME ...]
 """
 
 import json
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from make_fixtures import qwen_base, redraw_weights  # noqa: E402
+from make_fixtures import qwen_base, redraw_weights, run_all, write_report  # noqa: E402
 
 import transformers  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
@@ -126,16 +126,11 @@ def build(name, out_root):
         "incremental_vs_full_max_abs": (incremental - logits).abs().max().item(),
         "dtype": "f32",
     }
-    with open(os.path.join(out_dir, "oracle.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"=== {name}: {json.dumps(report)}")
+    write_report(out_dir, name, report)
 
 
 def main():
-    out_root = sys.argv[1]
-    os.makedirs(out_root, exist_ok=True)
-    for name in FIXTURES:
-        build(name, out_root)
+    run_all(FIXTURES, build)
 
 
 if __name__ == "__main__":

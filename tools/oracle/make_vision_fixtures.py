@@ -24,7 +24,6 @@ processor's (x, y) = (column, row) of each patch in row-major order. Variants:
 Usage: make_vision_fixtures.py OUT_DIR [--only NAME ...]
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -35,7 +34,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import VOCAB, exactly_representable, gemma_base, redraw_weights  # noqa: E402
+from make_fixtures import (  # noqa: E402
+    VOCAB, exactly_representable, gemma_base, redraw_weights, run_all, write_report)
 
 IMAGE_TOKEN, BOI, EOI, AUDIO_TOKEN, VIDEO_TOKEN, BOA, EOA = 300, 301, 302, 303, 304, 305, 306
 
@@ -207,32 +207,12 @@ def build(name, out_root):
         "model_type": wrapper,
         "dtype": "f32",
     }
-    with open(os.path.join(out_dir, "oracle.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"=== {name}: {json.dumps(report)}")
+    write_report(out_dir, name, report)
     print(f"--- {name} tensors: " + ", ".join(sorted(k for k in state if "language_model" not in k)[:60]))
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--only", nargs="*")
-    args = ap.parse_args()
-    torch.set_grad_enabled(False)
-    failed = []
-    for name in FIXTURES:
-        if args.only and name not in args.only:
-            continue
-        try:
-            build(name, args.out_dir)
-        except Exception:  # noqa: BLE001 - report every fixture
-            import traceback
-            traceback.print_exc()
-            failed.append(name)
-    if failed:
-        print("FAILED: " + ", ".join(failed))
-        sys.exit(1)
-
+    run_all(FIXTURES, build)
 
 if __name__ == "__main__":
     main()

@@ -45,6 +45,10 @@ struct LoadOptions {
   bool batch_invariant = true;
   // The largest image a request may bring, in pixels (width × height as stored in its file).
   int64_t max_image_pixels = int64_t(8192) * 8192;
+  // Attention caches: 4 or 8 (quantized, MLX's affine format in groups of kv_group_size), 16 (the
+  // activations' type), 0 (as the checkpoint's kv_config.json sets, else 16).
+  int kv_bits = 0;
+  int kv_group_size = 64;
 };
 
 // An image: a file (JPEG, PNG, WebP or GIF), or such a file's bytes in memory.

@@ -17,6 +17,19 @@ void add_run_options(CLI::App& command, RunOptions& options) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   command.add_option("--threads", options.threads, "CPU threads (default: all cores)")
       ->check(number_in(0, kMaxThreads));
+  command
+      .add_option("--kv-bits", options.kv_bits,
+                  "Attention caches quantized to 4 or 8 bits, or 16 (unquantized); default: the checkpoint's "
+                  "kv_config.json, else 16")
+      ->check(CLI::IsMember({4, 8, 16}));
+  command.add_option("--kv-group-size", options.kv_group_size, "Elements per scale and bias of a quantized cache")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
+}
+
+std::optional<KvQuant> kv_quant_option(const RunOptions& options) {
+  if (options.kv_bits == 0) return std::nullopt;
+  return KvQuant{.bits = options.kv_bits == 16 ? 0 : options.kv_bits, .group_size = options.kv_group_size};
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options) {

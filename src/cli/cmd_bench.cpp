@@ -126,6 +126,7 @@ Status run_bench(const BenchOptions& o) {
   KILN_ASSIGN(auto backend, make_backend(o.run));
   ModelOptions model_options;
   model_options.max_chunk_tokens = o.prompt_len;  // the prompt goes in as one forward
+  model_options.kv_quant = kv_quant_option(o.run);
   // the image's soft tokens first: the prompt with the image goes in as one forward too
   std::vector<double> preprocess_ms;
   ProcessedImage processed;

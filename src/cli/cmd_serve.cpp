@@ -73,7 +73,9 @@ Status serve(ServeOptions o, const Environment& env) {
                                                            .prompt_cache_bytes = o.scheduler.prompt_cache_bytes,
                                                            .use_generation_config = o.generation_config == "auto",
                                                            .batch_invariant = o.scheduler.batch_invariant,
-                                                           .max_image_pixels = o.image_limits.max_pixels},
+                                                           .max_image_pixels = o.image_limits.max_pixels,
+                                                           .kv_bits = o.run.kv_bits,
+                                                           .kv_group_size = o.run.kv_group_size},
                                                std::move(backend)));
   Engine::Impl& loaded = engine->impl();
   if (!loaded.tokenizer)

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/environment.h"
@@ -17,10 +18,16 @@ namespace kiln::cli {
 struct RunOptions {
   std::string device;  // "", "cpu" or "cuda" ("" picks CUDA when a GPU is present)
   int threads = 0;     // CPU threads (0: all cores)
+  // attention caches: 4 or 8 (quantized), 16 (the activations' type), 0 (the checkpoint's
+  // kv_config.json, else 16); the group size of quantized ones
+  int kv_bits = 0;
+  int kv_group_size = 64;
 };
 
 void add_run_options(CLI::App& command, RunOptions& options);
 Result<std::unique_ptr<Backend>> make_backend(const RunOptions& options);
+// The cache format --kv-bits asks for every layer, or none (the checkpoint's kv_config.json).
+std::optional<KvQuant> kv_quant_option(const RunOptions& options);
 
 // A subcommand's action; its Status becomes the exit code and one error line.
 using Action = std::function<Status()>;

@@ -96,6 +96,8 @@ Result<std::unique_ptr<Engine>> open_engine(const std::string& model_dir, const 
                                             const GenerationOptions& generation, LoadOptions load) {
   KILN_ASSIGN(auto backend, make_backend(run));
   load.use_generation_config = generation.generation_config == "auto";
+  load.kv_bits = run.kv_bits;
+  load.kv_group_size = run.kv_group_size;
   KILN_ASSIGN(auto engine, engine::load_engine(model_dir, load, std::move(backend)));
   if (const std::string defaults = engine->sampling_defaults(generation.requested()); !defaults.empty())
     fmt::print(stderr, "sampling defaults from generation_config.json: {} (--generation-config none ignores them)\n",

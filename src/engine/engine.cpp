@@ -250,6 +250,11 @@ Result<std::unique_ptr<Engine>> engine::load_engine(const std::string& model_dir
   // longer than the chunk: --prefill-chunk raises both)
   ModelOptions model_options;
   model_options.max_chunk_tokens = std::max<int64_t>(model_options.max_chunk_tokens, options.prefill_chunk);
+  if (options.kv_bits != 0 && options.kv_bits != 4 && options.kv_bits != 8 && options.kv_bits != 16)
+    return make_error("kv_bits {} is not one of 4, 8 or 16", options.kv_bits);
+  if (options.kv_bits)
+    model_options.kv_quant =
+        KvQuant{.bits = options.kv_bits == 16 ? 0 : options.kv_bits, .group_size = options.kv_group_size};
   KILN_ASSIGN(impl->model, load_model(model_dir, *impl->backend, model_options));
   // the image front end: a model without a vision tower has none; a broken processor config is
   // reported to the requests that bring images, not to every request

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "quant/affine.h"
+
 namespace kiln {
 
 namespace {
@@ -89,14 +91,52 @@ void write_attention_inputs(Backend& backend, const BatchLayout& batch, int cach
       .kv = KvWriteArgs{.k = k, .v = v, .positions = batch.positions, .seqs = batch.seqs, .caches = caches}});
 }
 
-KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim) {
+namespace {
+
+// A quantized [capacity, n_kv_heads, head_dim] cache tensor: packed codes, f16 scales and biases.
+Tensor new_quantized_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim, KvQuant quant) {
+  const Tensor codes = backend.alloc_cache(DType::u8, Shape{capacity, n_kv_heads, int64_t(head_dim) * quant.bits / 8});
+  const Shape groups{capacity, n_kv_heads, head_dim / quant.group_size};
+  return quant::make_quantized(codes, backend.alloc_cache(DType::f16, groups), backend.alloc_cache(DType::f16, groups),
+                               Shape{capacity, n_kv_heads, head_dim}, quant.bits, quant.group_size);
+}
+
+}  // namespace
+
+KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim, KvQuant quant) {
   KvCacheView c;
   c.capacity = capacity;
-  c.k = backend.alloc_cache(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
-  c.v = backend.alloc_cache(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
+  if (quant.quantized()) {
+    c.k = new_quantized_cache(backend, capacity, n_kv_heads, head_dim, quant);
+    c.v = new_quantized_cache(backend, capacity, n_kv_heads, head_dim, quant);
+  } else {
+    c.k = backend.alloc_cache(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
+    c.v = backend.alloc_cache(backend.activation_dtype(), Shape{capacity, n_kv_heads, head_dim});
+  }
   c.slot_pos = backend.alloc(DType::i32, Shape{capacity});
   backend.fill(c.slot_pos, -1.0f);
   return c;
+}
+
+Status check_kv_quant(const KvQuant& quant, int head_dim, int layer) {
+  if (!quant.quantized()) return ok_status();
+  if (quant.bits != 4 && quant.bits != 8)
+    return make_error("layer {}: a KV cache of {} bits is not supported (4 or 8)", layer, quant.bits);
+  if (!quant::supported_group_size(quant.group_size))
+    return make_error("layer {}: a KV cache group size of {} is not supported (32, 64 or 128)", layer,
+                      quant.group_size);
+  if (head_dim % quant.group_size)
+    return make_error("layer {}: its head size {} is not a multiple of the KV cache group size {}", layer, head_dim,
+                      quant.group_size);
+  return ok_status();
+}
+
+size_t kv_bytes_per_token(int n_kv_heads, int head_dim, KvQuant quant, DType activation_dtype) {
+  const size_t elems = size_t(n_kv_heads) * size_t(head_dim);
+  const size_t one = quant.quantized()
+                         ? elems * size_t(quant.bits) / 8 + 2 * 2 * elems / size_t(quant.group_size)  // f16 scale, bias
+                         : elems * dtype_size(activation_dtype);
+  return 2 * one + sizeof(int32_t);  // keys and values, and the slot's position
 }
 
 Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_layer, const Tensor& q, const Tensor* k,

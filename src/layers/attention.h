@@ -70,7 +70,15 @@ struct AttentionShape {
 Tensor cached_attention(Backend& backend, const BatchLayout& batch, int cache_layer, const Tensor& q, const Tensor* k,
                         const Tensor* v, const AttentionShape& shape, const Tensor& output_gate = Tensor());
 
-// A cache for one attention layer of one sequence.
-KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim);
+// A cache for one attention layer of one sequence, in the activations' type or quantized.
+KvCacheView new_kv_cache(Backend& backend, int64_t capacity, int n_kv_heads, int head_dim, KvQuant quant = {});
+
+// Whether a layer's cache can take `quant`: bits 4 or 8, a group size of 32, 64 or 128 that divides
+// the head; the error names the layer.
+Status check_kv_quant(const KvQuant& quant, int head_dim, int layer);
+
+// Bytes one cached token takes in one attention layer (keys, values, their scales and biases, and
+// the slot's position).
+size_t kv_bytes_per_token(int n_kv_heads, int head_dim, KvQuant quant, DType activation_dtype);
 
 }  // namespace kiln

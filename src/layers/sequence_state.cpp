@@ -1,17 +1,36 @@
 #include "layers/sequence_state.h"
 
 #include <cassert>
+#include <vector>
+
+#include "quant/affine.h"
 
 namespace kiln {
 
 namespace {
 
+// The plain tensors a cache tensor is stored in: itself, or a quantized one's codes, scales and
+// biases.
+std::vector<Tensor> pieces(const Tensor& t) {
+  if (!t.quantized()) return {t};
+  const Tensor codes(DType::u8, Shape{t.dim(0), int64_t(t.nbytes()) / t.dim(0)}, t.data(), t.owner(), t.device());
+  return {codes, t.quant().scales, t.quant().biases};
+}
+
 void copy_if(Backend& backend, const Tensor& src, Tensor& dst) {
-  if (src.numel()) backend.copy(src, dst);
+  if (!src.numel()) return;
+  const std::vector<Tensor> from = pieces(src);
+  std::vector<Tensor> to = pieces(dst);
+  for (size_t i = 0; i < from.size(); ++i) backend.copy(from[i], to[i]);
 }
 
 Tensor alloc_like(Backend& backend, const Tensor& t) {
-  return t.numel() ? backend.alloc(t.dtype(), t.shape()) : Tensor();
+  if (!t.numel()) return Tensor();
+  if (!t.quantized()) return backend.alloc(t.dtype(), t.shape());
+  const QuantParams& q = t.quant();
+  const Tensor codes = backend.alloc(DType::u8, Shape{int64_t(t.nbytes())});
+  return quant::make_quantized(codes, backend.alloc(q.scales.dtype(), q.scales.shape()),
+                               backend.alloc(q.biases.dtype(), q.biases.shape()), t.shape(), q.bits, q.group_size);
 }
 
 }  // namespace
@@ -19,7 +38,8 @@ Tensor alloc_like(Backend& backend, const Tensor& t) {
 size_t SequenceState::bytes() const {
   size_t total = 0;
   for (const auto& l : layers_)
-    total += l.kv.k.nbytes() + l.kv.v.nbytes() + l.kv.slot_pos.nbytes() + l.conv.nbytes() + l.recurrent.nbytes();
+    total +=
+        l.kv.k.stored_bytes() + l.kv.v.stored_bytes() + l.kv.slot_pos.nbytes() + l.conv.nbytes() + l.recurrent.nbytes();
   return total;
 }
 

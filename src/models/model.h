@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,6 +33,15 @@ struct ModelOptions {
   // The most tokens one forward call takes; longer prompts are split. Sliding-window caches hold
   // window - 1 + this many positions, so their size never grows with the sequence.
   int64_t max_chunk_tokens = 512;
+  // Every attention layer's cache format (KvQuant), over the checkpoint's kv_config.json; unset:
+  // that file's per-layer formats where the backend supports them, else the activations' type.
+  std::optional<KvQuant> kv_quant;
+  // The format of each layer's cache by layer index, as load_model resolves it from the above; a
+  // layer beyond the list keeps the activations' type.
+  std::vector<KvQuant> kv_layers;
+  KvQuant kv_for(int64_t layer) const {
+    return size_t(layer) < kv_layers.size() ? kv_layers[size_t(layer)] : KvQuant{};
+  }
 };
 
 // An image as its family's processor leaves it (the Hugging Face image processor's output): what

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 
 #include "io/config.h"
@@ -179,10 +180,66 @@ std::vector<std::string> sidecar_files(const ModelFamily& family, const ModelCon
   return files;
 }
 
+// The per-layer cache formats a checkpoint's kv_config.json asks for (MLX and OptiQ conversions):
+// a list of {"layer_idx", "bits", "group_size"}; empty when there is no such file.
+Result<std::vector<KvQuant>> read_kv_config(const std::string& model_dir, int64_t n_layers) {
+  const std::string path = model_dir + "/kv_config.json";
+  std::ifstream in(path);
+  if (!in) return std::vector<KvQuant>{};
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return make_error("{}: not valid JSON", path);
+  if (!j.is_array()) return make_error("{}: expected a list of {{layer_idx, bits, group_size}}", path);
+  std::vector<KvQuant> layers(size_t(std::max<int64_t>(n_layers, 0)));
+  for (size_t e = 0; e < j.size(); ++e) {
+    const nlohmann::json& entry = j[e];
+    auto field = [&](const char* name) -> Result<int64_t> {
+      if (!entry.is_object() || !entry.contains(name) || !entry[name].is_number_integer())
+        return make_error("{}: entry {} has no integer \"{}\"", path, e, name);
+      return entry[name].get<int64_t>();
+    };
+    KILN_ASSIGN(const int64_t layer, field("layer_idx"));
+    KILN_ASSIGN(const int64_t bits, field("bits"));
+    KILN_ASSIGN(const int64_t group_size, field("group_size"));
+    if (layer < 0 || layer >= n_layers)
+      return make_error("{}: entry {} names layer {}, but the model has {} layers", path, e, layer, n_layers);
+    if (bits >= 16) continue;  // left in the activations' type
+    layers[size_t(layer)] = KvQuant{.bits = int(bits), .group_size = int(group_size)};
+  }
+  return layers;
+}
+
+// Sets options.kv_layers: kv_quant for every layer when given, else the checkpoint's kv_config.json
+// where the backend can honour it.
+Status resolve_kv_formats(const std::string& model_dir, const ModelConfigFile& config, const Backend& backend,
+                          ModelOptions& options) {
+  const int64_t n_layers = config.text.value("num_hidden_layers", int64_t(0));
+  if (options.kv_quant) {
+    if (options.kv_quant->quantized() && !backend.quantized_kv_caches())
+      return make_error("quantized KV caches are not supported on the {} backend yet", backend.name());
+    options.kv_layers.assign(size_t(std::max<int64_t>(n_layers, 0)), *options.kv_quant);
+    return ok_status();
+  }
+  KILN_ASSIGN(std::vector<KvQuant> layers, read_kv_config(model_dir, n_layers));
+  const auto quantized = std::count_if(layers.begin(), layers.end(), [](const KvQuant& q) { return q.quantized(); });
+  if (!quantized) return ok_status();
+  if (!backend.quantized_kv_caches()) {
+    spdlog::warn(
+        "{}: kv_config.json asks for quantized KV caches, which the {} backend does not support yet; the "
+        "caches stay in the activations' type",
+        model_dir, backend.name());
+    return ok_status();
+  }
+  spdlog::info("{}: KV caches of {} layers quantized as kv_config.json sets (--kv-bits 16 keeps them unquantized)",
+               model_dir, quantized);
+  options.kv_layers = std::move(layers);
+  return ok_status();
+}
+
 Result<std::unique_ptr<Model>> load_model_unchecked(const std::string& model_dir, Backend& backend,
-                                                    const ModelOptions& options) {
+                                                    ModelOptions options) {
   KILN_ASSIGN(ModelConfigFile config, read_model_config(model_dir));
   KILN_ASSIGN(const ModelFamily* family, family_of(config));
+  KILN_TRY(resolve_kv_formats(model_dir, config, backend, options));
   KILN_ASSIGN(WeightStore weights, WeightStore::open(model_dir, sidecar_files(*family, config)));
   KILN_ASSIGN(QuantizationConfig quantization, QuantizationConfig::parse(config.text, config.path));
   if (quantization.present())

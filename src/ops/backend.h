@@ -51,6 +51,8 @@ class Backend {
   // Memory for a cache's keys or values. Attention kernels may multiply slots nothing was written
   // to by zero weights, so a backend whose kernels do must not hand out NaN bit patterns there.
   virtual Tensor alloc_cache(DType dtype, Shape shape) { return alloc(dtype, shape); }
+  // Whether kv_write and attention take quantized caches (KvQuant).
+  virtual bool quantized_kv_caches() const { return false; }
   // A copy of a host tensor on this device, converted to `dtype` (f32, f16 or bf16 sources).
   virtual Tensor upload(const Tensor& host, DType dtype) = 0;
   // A quantized host matrix (Tensor::quantized) on this device, still packed: the matrix ops read

@@ -23,9 +23,20 @@ struct SeqRows {
   int64_t pos_begin = 0;
 };
 
+// How an attention cache stores keys and values: in the activations' type (bits 0), or as MLX's
+// affine codes of `bits` (4 or 8) per element with an f16 scale and bias per `group_size` elements
+// of each head's vector (mlx-lm's QuantizedKVCache; src/quant/affine.h). A key or value is
+// quantized as it is written, and attention reads the codes.
+struct KvQuant {
+  int bits = 0;
+  int group_size = 64;
+  bool quantized() const { return bits != 0; }
+};
+
 // One layer's attention cache of one sequence: a ring of `capacity` slots. A token at position p
 // lives in slot p % capacity; slot_pos says which position each slot holds (-1: empty), so that
-// masks follow positions, not slots.
+// masks follow positions, not slots. A quantized cache's k and v are quantized tensors (packed
+// codes, and scales and biases [capacity, n_kv_heads, head_dim / group_size] f16 in quant()).
 struct KvCacheView {
   Tensor k;         // [capacity, n_kv_heads, head_dim]
   Tensor v;         // [capacity, n_kv_heads, head_dim]

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "quant/affine.h"
 
 namespace kiln {
 
@@ -47,6 +48,38 @@ void CpuBackend::rope(const RopeArgs& args) {
   finish(x);
 }
 
+namespace {
+
+// Writes one token's keys or values (row_elems floats, every head) into a cache's slot: copied, or
+// quantized per group with the scale and bias rounded to f16.
+void store_row(const Tensor& cache, int64_t slot, const float* src, int64_t row_elems) {
+  if (!cache.quantized()) {
+    std::memcpy(cache.data_as<float>() + slot * row_elems, src, size_t(row_elems) * 4);
+    return;
+  }
+  const QuantParams& q = cache.quant();
+  const int64_t groups = row_elems / q.group_size;
+  std::vector<float> scales(static_cast<size_t>(groups)), biases(static_cast<size_t>(groups));
+  quant::quantize_row(src, row_elems, q.bits, q.group_size,
+                      static_cast<uint8_t*>(cache.data()) + size_t(slot * row_elems) * size_t(q.bits) / 8,
+                      scales.data(), biases.data());
+  uint16_t* s = q.scales.data_as<uint16_t>() + slot * groups;
+  uint16_t* b = q.biases.data_as<uint16_t>() + slot * groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    s[g] = f32_to_f16(scales[g]);
+    b[g] = f32_to_f16(biases[g]);
+  }
+}
+
+// One head's vector of a cached token: a pointer into the cache, or its codes dequantized into buf.
+const float* load_head(const Tensor& cache, int64_t slot, int64_t kv_heads, int64_t kvh, int64_t head_dim, float* buf) {
+  if (!cache.quantized()) return cache.data_as<float>() + (slot * kv_heads + kvh) * head_dim;
+  quant::dequantize_rows(cache, slot * kv_heads + kvh, 1, buf);
+  return buf;
+}
+
+}  // namespace
+
 void CpuBackend::kv_write(const KvWriteArgs& args) {
   OpTimer timed(this, "kv_write");
   for (size_t s = 0; s < args.seqs.size(); ++s) {
@@ -61,10 +94,8 @@ void CpuBackend::kv_write(const KvWriteArgs& args) {
     for (int64_t i = 0; i < seq.n_rows; ++i) {
       const int64_t pos = seq.pos_begin + i;
       const int64_t slot = pos % cache.capacity;
-      std::memcpy(cache.k.data_as<float>() + slot * row_elems, row_ptr(k_tok, seq.row_begin + i),
-                  size_t(row_elems) * 4);
-      std::memcpy(cache.v.data_as<float>() + slot * row_elems, row_ptr(v_tok, seq.row_begin + i),
-                  size_t(row_elems) * 4);
+      store_row(cache.k, slot, row_ptr(k_tok, seq.row_begin + i), row_elems);
+      store_row(cache.v, slot, row_ptr(v_tok, seq.row_begin + i), row_elems);
       slot_pos[slot] = int32_t(pos);
     }
   }
@@ -88,6 +119,7 @@ void CpuBackend::attention(const AttentionArgs& args) {
   pool_.parallel_for(int64_t(tasks.size()) * args.n_heads, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<double> acc(static_cast<size_t>(hd));
+    std::vector<float> head_buf(static_cast<size_t>(hd));  // a quantized cache's dequantized head
     for (int64_t task = begin; task < end; ++task) {
       const Task& tk = tasks[size_t(task / args.n_heads)];
       const int64_t h = task % args.n_heads;
@@ -106,7 +138,7 @@ void CpuBackend::attention(const AttentionArgs& args) {
       const int32_t* slot_pos = cache.slot_pos.data_as<int32_t>();
       const int64_t kvh = h / group;
       const float* qv = row_ptr(q, tk.row * args.n_heads + h);
-      const int64_t kv_stride = cache.k.numel() / cache.capacity;
+      const int64_t kv_heads = cache.k.dim(1);
 
       scores.assign(size_t(n_slots), -INFINITY);
       float max_score = -INFINITY;
@@ -118,7 +150,7 @@ void CpuBackend::attention(const AttentionArgs& args) {
         const bool visible =
             args.block_window ? (kp <= qpos || in_block) && in_window : (kp <= qpos && in_window) || in_block;
         if (!visible) continue;
-        const float* kv = cache.k.data_as<float>() + j * kv_stride + kvh * hd;
+        const float* kv = load_head(cache.k, j, kv_heads, kvh, hd, head_buf.data());
         float dot = 0;
         for (int64_t d = 0; d < hd; ++d) dot += qv[d] * kv[d];
         scores[size_t(j)] = dot * args.scale;
@@ -130,7 +162,7 @@ void CpuBackend::attention(const AttentionArgs& args) {
         if (scores[size_t(j)] == -INFINITY) continue;
         const double p = std::exp(double(scores[size_t(j)] - max_score));
         denom += p;
-        const float* vv = cache.v.data_as<float>() + j * kv_stride + kvh * hd;
+        const float* vv = load_head(cache.v, j, kv_heads, kvh, hd, head_buf.data());
         for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] += p * vv[d];
       }
       float* o = row_ptr(out, tk.row * args.n_heads + h);

@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   std::string name() const override;
   DType activation_dtype() const override { return emulate_bf16_ ? DType::bf16 : DType::f32; }
   DType matrix_dtype() const override { return emulate_bf16_ ? DType::bf16 : DType::f32; }
+  bool quantized_kv_caches() const override { return true; }
   int threads() const { return pool_.size(); }
 
   Tensor alloc(DType dtype, Shape shape) override;

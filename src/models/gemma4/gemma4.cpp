@@ -437,7 +437,7 @@ Result<std::unique_ptr<SequenceState>> Gemma4Model::new_sequence(int64_t max_con
     // a sliding layer needs the window behind the oldest query of a chunk, plus the chunk
     const int64_t capacity =
         g.sliding ? std::min(max_context, config_.sliding_window - 1 + options_.max_chunk_tokens) : max_context;
-    layers[i].kv = new_kv_cache(backend_, capacity, int(g.n_kv_heads), int(g.head_dim));
+    layers[i].kv = new_kv_cache(backend_, capacity, int(g.n_kv_heads), int(g.head_dim), options_.kv_for(int64_t(i)));
   }
   return std::make_unique<SequenceState>(std::move(layers), max_context);
 }
@@ -733,6 +733,9 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 Result<std::unique_ptr<Model>> load_gemma4(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
                                            const ModelOptions& options) {
   KILN_ASSIGN(Gemma4Config config, parse_gemma4_config(file));
+  for (size_t i = 0; i < config.layers.size(); ++i)
+    if (!config.layers[i].shares_kv)
+      KILN_TRY(check_kv_quant(options.kv_for(int64_t(i)), int(config.layers[i].head_dim), int(i)));
   auto model = std::make_unique<Gemma4Model>(std::move(config), backend, options);
   KILN_TRY(model->load(weights, file));
   return std::unique_ptr<Model>(std::move(model));

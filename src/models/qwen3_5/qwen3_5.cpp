@@ -380,7 +380,8 @@ Result<std::unique_ptr<SequenceState>> Qwen35Model::new_sequence(int64_t max_con
     if (layers_[i].linear)
       init_gated_delta_state(backend_, layers[i], delta_shape_);
     else
-      layers[i].kv = new_kv_cache(backend_, max_context, int(config_.num_key_value_heads), int(config_.head_dim));
+      layers[i].kv = new_kv_cache(backend_, max_context, int(config_.num_key_value_heads), int(config_.head_dim),
+                                  options_.kv_for(int64_t(i)));
   }
   return std::make_unique<SequenceState>(std::move(layers), max_context);
 }
@@ -578,6 +579,9 @@ Result<std::unique_ptr<Model>> load_qwen3_5(const ModelConfigFile& file, const W
                                             const ModelOptions& options) {
   KILN_ASSIGN(Qwen35Config config, parse_qwen3_5_config(file));
   KILN_ASSIGN(Qwen35ImageConfig images, parse_qwen3_5_image_config(file));
+  for (size_t i = 0; i < config.layer_types.size(); ++i)
+    if (config.layer_types[i] != "linear_attention")
+      KILN_TRY(check_kv_quant(options.kv_for(int64_t(i)), int(config.head_dim), int(i)));
   auto model = std::make_unique<Qwen35Model>(std::move(config), std::move(images), backend, options);
   KILN_TRY(model->load(weights, file.model_type));
   return std::unique_ptr<Model>(std::move(model));

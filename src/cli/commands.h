@@ -44,5 +44,6 @@ void add_template_command(CLI::App& app, Action& action, const Environment& env)
 void add_serve_command(CLI::App& app, Action& action, const Environment& env);
 void add_pull_command(CLI::App& app, Action& action, const Environment& env);
 void add_ls_command(CLI::App& app, Action& action, const Environment& env);
+void add_fit_command(CLI::App& app, Action& action, const Environment& env);
 
 }  // namespace kiln::cli

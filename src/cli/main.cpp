@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_serve_command(app, action, env);
   kiln::cli::add_pull_command(app, action, env);
   kiln::cli::add_ls_command(app, action, env);
+  kiln::cli::add_fit_command(app, action, env);
 
   // CLI11 reports an unknown command as a missing one
   if (argc > 1 && argv[1][0] != '-') {

@@ -65,6 +65,8 @@ class Backend {
   virtual void synchronize() = 0;
   // Measurement and replay.
   virtual std::unique_ptr<Timer> timer() = 0;
+  // Device memory held now and at its peak since the last reset (0: not measured).
+  virtual size_t live_memory_bytes() const { return 0; }
   virtual size_t peak_memory_bytes() const { return 0; }
   virtual void reset_peak_memory() {}
   // Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written: the

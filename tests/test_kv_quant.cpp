@@ -110,8 +110,9 @@ std::string load_error(Backend& backend, const std::string& dir, ModelOptions op
 }
 
 // A copy of a fixture's checkpoint (links to its files) with the given kv_config.json.
-std::string with_kv_config(const TempDir& tmp, const std::string& fixture, const std::string& kv_config) {
-  const std::string dir = tmp.path() + "/" + fixture;
+std::string with_kv_config(const TempDir& tmp, const std::string& name, const std::string& fixture,
+                           const std::string& kv_config) {
+  const std::string dir = tmp.path() + "/" + name;
   fs::create_directories(dir);
   for (const auto& entry : fs::directory_iterator(fixture_path(fixture)))
     fs::create_symlink(entry.path(), dir + "/" + entry.path().filename().string());
@@ -129,7 +130,7 @@ TEST(KvQuant, CheckpointKvConfigSetsEachLayer) {
   CpuBackend backend(1);
   TempDir tmp;
   // qwen3_5_dense: attention at layers 3 and 7 (head size 32), the rest Gated DeltaNet
-  const std::string dir = with_kv_config(tmp, "qwen3_5_dense",
+  const std::string dir = with_kv_config(tmp, "qwen3_5_dense", "qwen3_5_dense",
                                          R"([{"layer_idx": 3, "bits": 8, "group_size": 32},
                                              {"layer_idx": 7, "bits": 4, "group_size": 32},
                                              {"layer_idx": 0, "bits": 4, "group_size": 32}])");
@@ -167,21 +168,35 @@ TEST(KvQuant, BadFormatsAreRefusedWithTheReason) {
       {"qwen3_5_dense", R"({"layer_idx": 3})", "expected a list"},
       {"qwen3_5_dense", R"([{"layer_idx": 3, "bits": 8}])", "entry 0 has no integer \"group_size\""},
       {"qwen3_5_dense", R"([{"layer_idx": 8, "bits": 8, "group_size": 32}])", "names layer 8, but the model has 8"},
-      {"qwen3_5_dense", R"([{"layer_idx": 3, "bits": 3, "group_size": 32}])", "layer 3: a KV cache of 3 bits"},
-      {"qwen3_5_dense", R"([{"layer_idx": 7, "bits": 4, "group_size": 64}])",
-       "layer 7: its head size 32 is not a multiple of the KV cache group size 64"},
-      {"gemma4_dense", R"([{"layer_idx": 2, "bits": 8, "group_size": 48}])", "group size of 48 is not supported"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].kv_config);
     TempDir case_dir;
-    const std::string dir = with_kv_config(case_dir, cases[i].fixture, cases[i].kv_config);
+    const std::string dir = with_kv_config(case_dir, cases[i].fixture, cases[i].fixture, cases[i].kv_config);
     const std::string error = load_error(backend, dir);
     EXPECT_NE(error.find(cases[i].want), std::string::npos) << error;
   }
-  const std::string error = load_error(backend, fixture_path("gemma4_dense"), {.kv_quant = KvQuant{8, 64}});
-  EXPECT_NE(error.find("layer 0: its head size 32 is not a multiple of the KV cache group size 64"), std::string::npos)
-      << error;
+  // a group that does not divide a head: an error when asked for, a warning (and that layer's cache
+  // unquantized) when only the checkpoint's kv_config.json asks, so such a checkpoint still loads
+  TempDir tmp;
+  auto model = load(backend,
+                    with_kv_config(tmp, "q", "qwen3_5_dense",
+                                   R"([{"layer_idx": 3, "bits": 8, "group_size": 32},
+                                       {"layer_idx": 7, "bits": 4, "group_size": 64}])"),
+                    {});
+  ASSERT_TRUE(model);
+  auto state = model->new_sequence(16);
+  ASSERT_TRUE(state.ok());
+  EXPECT_TRUE((*state)->layers()[3].kv.k.quantized());
+  EXPECT_FALSE((*state)->layers()[7].kv.k.quantized());
+  const std::vector<std::pair<KvQuant, std::string>> asked = {
+      {KvQuant{8, 64}, "layer 0: its head size 32 is not a multiple of the KV cache group size 64"},
+      {KvQuant{3, 32}, "layer 0: a KV cache of 3 bits is not supported (4 or 8)"},
+      {KvQuant{8, 48}, "layer 0: a KV cache group size of 48 is not supported (32, 64 or 128)"}};
+  for (const auto& [quant, want] : asked) {
+    const std::string error = load_error(backend, fixture_path("gemma4_dense"), {.kv_quant = quant});
+    EXPECT_NE(error.find(want), std::string::npos) << error;
+  }
 }
 
 std::vector<float> continue_with(Model& model, SequenceState& state, const std::vector<int32_t>& ids, int64_t chunk) {
@@ -268,10 +283,11 @@ TEST(KvQuant, PerplexityOfTheBundledModelOnHeldText) {
   EXPECT_NE(ppl[2], ppl[0]) << "4-bit caches that change nothing quantize nothing";
 }
 
-// `kiln logits` with --kv-bits (or a per-layer kv_config.json) against transformers with the same
-// round trip on its keys and values. Each fixture under tests/fixtures/kv_quant names its source
-// checkpoint and format in oracle.json.
-TEST(KvQuant, CliLogitsMatchTheRoundTripOracle) {
+// Logits against transformers with the same round trip on its keys and values: `kiln logits
+// --kv-bits` for a format of every layer, and a model loaded beside a per-layer kv_config.json
+// (which `kiln logits`, the parity check against unquantized transformers, leaves aside). Each
+// fixture under tests/fixtures/kv_quant names its source checkpoint and format in oracle.json.
+TEST(KvQuant, LogitsMatchTheRoundTripOracle) {
   const std::string root = fixtures_dir() + "/kv_quant";
   if (!fs::exists(root)) GTEST_SKIP() << "no tests/fixtures/kv_quant: run tools/oracle/make_kv_quant_fixtures.py";
   std::vector<std::string> names;
@@ -283,34 +299,70 @@ TEST(KvQuant, CliLogitsMatchTheRoundTripOracle) {
     const std::string dir = root + "/" + name;
     const auto oracle = read_json(dir + "/oracle.json");
     const std::string source = oracle["source"];
+    const auto ids = fixture_ids(source);
+    auto want = read_npy(dir + "/logits.npy");
+    auto plain = read_npy(fixture_path(source) + "/logits.npy");
+    ASSERT_TRUE(want.ok() && plain.ok());
     TempDir tmp;
-    std::string model = fixture_path(source), flags;
-    if (fs::exists(dir + "/kv_config.json")) {
-      std::ifstream in(dir + "/kv_config.json");
-      model = with_kv_config(tmp, source, std::string(std::istreambuf_iterator<char>(in), {}));
-    } else {
-      flags = " --kv-bits " + std::to_string(oracle["kv_bits"].get<int>()) + " --kv-group-size " +
-              std::to_string(oracle["kv_group_size"].get<int>());
-    }
-    std::string csv;
-    for (int32_t id : fixture_ids(source)) csv += (csv.empty() ? "" : ",") + std::to_string(id);
-    const std::string out = tmp.path() + "/logits.npy";
-    for (const std::string chunk : {"", " --prefill-chunk 7"}) {
-      auto r = run_command(std::string(KILN_BINARY) + " logits " + model + " --ids " + csv + " --out " + out + flags +
-                           chunk + " --device cpu");
-      ASSERT_EQ(r.exit_code, 0) << r.output;
-      auto got = read_npy(out);
-      auto want = read_npy(dir + "/logits.npy");
-      auto plain = read_npy(fixture_path(source) + "/logits.npy");
-      ASSERT_TRUE(got.ok() && want.ok() && plain.ok());
-      ASSERT_EQ(got->shape, want->shape);
-      const auto c = compare_logits(got->f32.data(), want->f32.data(), want->shape[0], want->shape[1]);
-      EXPECT_LE(c.relative(), 1e-4) << chunk;
-      EXPECT_GE(c.argmax_agreement, 0.99) << chunk;
+    for (const int64_t chunk : {int64_t(ids.size()), int64_t(7)}) {
+      std::vector<float> got;
+      if (fs::exists(dir + "/kv_config.json")) {
+        std::ifstream in(dir + "/kv_config.json");
+        CpuBackend backend(2);
+        auto model = load(backend,
+                          with_kv_config(tmp, source + std::to_string(chunk), source,
+                                         std::string(std::istreambuf_iterator<char>(in), {})),
+                          {.max_chunk_tokens = chunk});
+        ASSERT_TRUE(model);
+        auto state = model->new_sequence(int64_t(ids.size()));
+        ASSERT_TRUE(state.ok());
+        got = continue_with(*model, **state, ids, chunk);
+      } else {
+        std::string csv;
+        for (int32_t id : ids) csv += (csv.empty() ? "" : ",") + std::to_string(id);
+        const std::string out = tmp.path() + "/logits.npy";
+        auto r = run_command(std::string(KILN_BINARY) + " logits " + fixture_path(source) + " --ids " + csv +
+                             " --out " + out + " --kv-bits " + std::to_string(oracle["kv_bits"].get<int>()) +
+                             " --kv-group-size " + std::to_string(oracle["kv_group_size"].get<int>()) +
+                             " --prefill-chunk " + std::to_string(chunk) + " --device cpu");
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        auto npy = read_npy(out);
+        ASSERT_TRUE(npy.ok());
+        got = npy->f32;
+      }
+      ASSERT_EQ(got.size(), want->f32.size());
+      const auto c = compare_logits(got.data(), want->f32.data(), want->shape[0], want->shape[1]);
+      EXPECT_LE(c.relative(), 1e-4) << "chunk " << chunk;
+      EXPECT_GE(c.argmax_agreement, 0.99) << "chunk " << chunk;
       // and the round trip matters at this tolerance: unquantized caches would not pass
       const auto u = compare_logits(plain->f32.data(), want->f32.data(), want->shape[0], want->shape[1]);
-      EXPECT_GT(u.relative(), 10 * c.relative()) << chunk;
+      EXPECT_GT(u.relative(), 10 * c.relative()) << "chunk " << chunk;
     }
+  }
+}
+
+TEST(KvQuant, LogitsLeavesKvConfigAsideUnlessAsked) {
+  // transformers' logits: `kiln logits` on a checkpoint with a kv_config.json keeps its caches
+  // unquantized, and follows --kv-bits when given
+  TempDir tmp;
+  const std::string dir =
+      with_kv_config(tmp, "q", "qwen3_5_dense", R"([{"layer_idx": 3, "bits": 4, "group_size": 32}])");
+  const auto ids = fixture_ids("qwen3_5_dense");
+  std::string csv;
+  for (int32_t id : ids) csv += (csv.empty() ? "" : ",") + std::to_string(id);
+  auto plain = read_npy(fixture_path("qwen3_5_dense") + "/logits.npy");
+  ASSERT_TRUE(plain.ok());
+  for (const std::string flags : {"", " --kv-bits 4 --kv-group-size 32"}) {
+    auto r = run_command(std::string(KILN_BINARY) + " logits " + dir + " --ids " + csv + " --out " + tmp.path() +
+                         "/l.npy --device cpu" + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto got = read_npy(tmp.path() + "/l.npy");
+    ASSERT_TRUE(got.ok());
+    const auto c = compare_logits(got->f32.data(), plain->f32.data(), plain->shape[0], plain->shape[1]);
+    if (flags.empty())
+      EXPECT_LE(c.relative(), 1e-4);
+    else
+      EXPECT_GT(c.relative(), 1e-3) << "4-bit caches in every attention layer";
   }
 }
 

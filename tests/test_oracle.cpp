@@ -5,8 +5,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "models/model.h"
-#include "runtime/prefill.h"
 #include "moe_parity.h"
+#include "runtime/prefill.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -38,7 +38,8 @@ TEST_P(OracleLogits, MatchTransformers) {
   ASSERT_TRUE(reference.ok()) << reference.error().message;
 
   CpuBackend backend(2);
-  ModelOptions options{.max_chunk_tokens = chunk ? chunk : int64_t(ids.size())};
+  // transformers keeps its caches unquantized whatever a checkpoint's kv_config.json asks
+  ModelOptions options{.max_chunk_tokens = chunk ? chunk : int64_t(ids.size()), .kv_quant = KvQuant{}};
   auto model = load_model(fixture_path(fixture), backend, options);
   ASSERT_TRUE(model.ok()) << model.error().message;
   auto state = (*model)->new_sequence(int64_t(ids.size()));
@@ -62,7 +63,7 @@ TEST_P(OracleGreedy, MatchesTransformersGenerate) {
   const auto prompt = greedy["prompt"].get<std::vector<int32_t>>();
   const auto expected = greedy["tokens"].get<std::vector<int32_t>>();
   CpuBackend backend(2);
-  auto model = load_model(fixture_path(GetParam()), backend);
+  auto model = load_model(fixture_path(GetParam()), backend, ModelOptions{.kv_quant = KvQuant{}});
   ASSERT_TRUE(model.ok()) << model.error().message;
   auto state = (*model)->new_sequence(int64_t(prompt.size() + expected.size()));
   ASSERT_TRUE(state.ok());

@@ -60,7 +60,9 @@ Status run_logits(const LogitsOptions& o) {
   // one forward may take the whole prompt unless a chunk size is asked for
   ModelOptions model_options;
   model_options.max_chunk_tokens = o.prefill_chunk > 0 ? o.prefill_chunk : std::max<int64_t>(1, int64_t(ids.size()));
-  model_options.kv_quant = kv_quant_option(o.run);
+  // the parity check against transformers, which keeps caches unquantized: a checkpoint's
+  // kv_config.json counts only with --kv-bits
+  model_options.kv_quant = kv_quant_option(o.run).value_or(KvQuant{});
   KILN_ASSIGN(auto model, load_model(o.model_dir, *backend, model_options));
   // transformers computes such positions too, so this is a warning, not an error
   const int64_t trained = model->info().max_position_embeddings;

@@ -44,6 +44,11 @@ struct ModelOptions {
   }
 };
 
+// Checks the format of layer `layer`'s cache against its head size (check_kv_quant): one that
+// kv_quant asked for must fit, or the load fails; one that only the checkpoint's kv_config.json
+// asked for is dropped with a warning and the layer's cache stays unquantized.
+Status settle_kv_format(ModelOptions& options, int64_t layer, int head_dim);
+
 // An image as its family's processor leaves it (the Hugging Face image processor's output): what
 // the model's vision encoder reads.
 struct ProcessedImage {

@@ -10,6 +10,7 @@
 
 #include "io/config.h"
 #include "io/weights.h"
+#include "layers/attention.h"
 #include "models/batch_prep.h"
 #include "models/family.h"
 #include "models/model.h"
@@ -234,6 +235,18 @@ Status resolve_kv_formats(const std::string& model_dir, const ModelConfigFile& c
   options.kv_layers = std::move(layers);
   return ok_status();
 }
+
+}  // namespace
+
+Status settle_kv_format(ModelOptions& options, int64_t layer, int head_dim) {
+  const Status fits = check_kv_quant(options.kv_for(layer), head_dim, int(layer));
+  if (fits.ok() || options.kv_quant) return fits;
+  spdlog::warn("kv_config.json: {}; that layer's cache stays unquantized", fits.error().message);
+  options.kv_layers[size_t(layer)] = KvQuant{};
+  return ok_status();
+}
+
+namespace {
 
 Result<std::unique_ptr<Model>> load_model_unchecked(const std::string& model_dir, Backend& backend,
                                                     ModelOptions options) {

@@ -23,11 +23,24 @@ namespace kiln::cuda {
 SeqTable make_table(const std::vector<SeqRows>& seqs, const std::vector<KvCacheView>& caches, size_t begin) {
   SeqTable table{};
   table.n = int(std::min<size_t>(kMaxSeqs, seqs.size() - begin));
+  const bool quantized = !caches.empty() && caches[0].k.quantized();
+  table.format = quantized ? KvFormat{caches[0].k.quant().bits, caches[0].k.quant().group_size} : KvFormat{0, 0};
+  auto half_ptr = [](const Tensor& t) { return t.defined() ? t.data_as<__half>() : nullptr; };
   for (int i = 0; i < table.n; ++i) {
     const SeqRows& s = seqs[begin + size_t(i)];
     const KvCacheView& c = caches[begin + size_t(i)];
-    table.seq[i] = SeqDesc{
-        s.row_begin, s.n_rows, c.k.data_as<bf16>(), c.v.data_as<bf16>(), c.slot_pos.data_as<int32_t>(), c.capacity, 0};
+    assert(c.k.quantized() == quantized);
+    table.seq[i] = SeqDesc{s.row_begin,
+                           s.n_rows,
+                           c.k.data_as<bf16>(),
+                           c.v.data_as<bf16>(),
+                           c.slot_pos.data_as<int32_t>(),
+                           c.capacity,
+                           0,
+                           quantized ? half_ptr(c.k.quant().scales) : nullptr,
+                           quantized ? half_ptr(c.k.quant().biases) : nullptr,
+                           quantized ? half_ptr(c.v.quant().scales) : nullptr,
+                           quantized ? half_ptr(c.v.quant().biases) : nullptr};
   }
   return table;
 }
@@ -196,6 +209,81 @@ __global__ void kv_write_kernel(SeqTable table, const bf16* k, const bf16* v, co
   if (threadIdx.x == 0) s.slot_pos[slot] = int32_t(pos);
 }
 
+// One head vector of one token quantized into a cache, as quant::quantize_row does on the CPU (mlx's
+// GPU quantizer: the range [min, max(0, max)], the larger-magnitude extreme kept exact as the bias,
+// halves rounded away from zero; codes from the unrounded scale and bias, which are stored as f16).
+// A warp per vector: lane l holds elements [l·E, (l + 1)·E), so a group spans group / E lanes.
+template <int E>
+__device__ __forceinline__ void quantize_head(const bf16* src, bf16* codes_base, __half* scales, __half* biases,
+                                              KvFormat f, int64_t head_row, int head_dim, int lane) {
+  float x[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) x[i] = __bfloat162float(src[lane * E + i]);
+  float lo = x[0], hi = 0.0f;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    lo = fminf(lo, x[i]);
+    hi = fmaxf(hi, x[i]);
+  }
+  const int lanes_per_group = f.group / E;  // a power of two, 2 to 32
+  for (int offset = 1; offset < lanes_per_group; offset <<= 1) {
+    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
+  }
+  const float n_bins = float((1 << f.bits) - 1);
+  const bool low_side = fabsf(lo) > fabsf(hi);
+  float scale = fmaxf(__fdiv_rn(hi - lo, n_bins), 1e-7f);
+  scale = low_side ? scale : -scale;
+  const float edge = low_side ? lo : hi;
+  const float q0 = roundf(__fdiv_rn(edge, scale));
+  float bias = 0.0f;
+  if (q0 != 0.0f) {
+    scale = __fdiv_rn(edge, q0);
+    bias = edge;
+  }
+  unsigned code[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) code[i] = unsigned(fminf(fmaxf(roundf(__fdiv_rn(x[i] - bias, scale)), 0.0f), n_bins));
+  auto* out = reinterpret_cast<unsigned char*>(codes_base);
+  const int64_t first = head_row * head_dim + int64_t(lane) * E;  // element index of this lane's first
+  if (f.bits == 8) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) out[first + i] = static_cast<unsigned char>(code[i]);
+  } else if constexpr (E >= 2) {
+#pragma unroll
+    for (int i = 0; i < E; i += 2) out[(first + i) / 2] = static_cast<unsigned char>(code[i] | (code[i + 1] << 4));
+  } else {  // one element a lane: even lanes take their neighbour's code into the high nibble
+    const unsigned next = __shfl_down_sync(0xffffffffu, code[0], 1);
+    if (lane % 2 == 0) out[first / 2] = static_cast<unsigned char>(code[0] | (next << 4));
+  }
+  if (lane % lanes_per_group == 0) {
+    const int64_t g = head_row * (head_dim / f.group) + int64_t(lane) * E / f.group;
+    scales[g] = __float2half_rn(scale);
+    biases[g] = __float2half_rn(bias);
+  }
+}
+
+// kv_write into quantized caches: a warp per (row, KV head).
+template <int E>
+__global__ void kv_write_quantized_kernel(SeqTable table, const bf16* k, const bf16* v, const int32_t* positions,
+                                          int kv_heads, int head_dim, int64_t first_row, int64_t units) {
+  wait_for_inputs();
+  const int64_t unit = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (unit >= units) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const int64_t row = first_row + unit / kv_heads;
+  const int kvh = int(unit % kv_heads);
+  const SeqDesc& s = table.seq[find_seq(table, row)];
+  if (row < s.row_begin || row >= s.row_begin + s.n_rows) return;
+  const int64_t pos = positions[row];
+  const int64_t slot = pos % s.capacity;
+  const int64_t head_row = slot * kv_heads + kvh;
+  const int64_t src = (row * kv_heads + kvh) * head_dim;
+  quantize_head<E>(k + src, s.k, s.k_scale, s.k_bias, table.format, head_row, head_dim, lane);
+  quantize_head<E>(v + src, s.v, s.v_scale, s.v_bias, table.format, head_row, head_dim, lane);
+  if (kvh == 0 && lane == 0) s.slot_pos[slot] = int32_t(pos);
+}
+
 // Shared-memory layout of one attention block, in bytes; each region starts 128-byte aligned.
 template <int D, int BQ, int BK>
 struct AttnSmem {
@@ -293,9 +381,9 @@ __global__ void __launch_bounds__(BQ / 16 * 32) attention_kernel(AttnParams p) {
       const int64_t slot = kt + j;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (slot < n_slots && c8 < hd) {
-        const int64_t off = (slot * p.n_kv_heads + kvh) * hd + c8;
-        kv = *reinterpret_cast<const uint4*>(seq.k + off);
-        vv = *reinterpret_cast<const uint4*>(seq.v + off);
+        const int64_t head_row = slot * p.n_kv_heads + kvh;
+        kv = load_kv8(seq.k, seq.k_scale, seq.k_bias, p.seqs.format, head_row, hd, c8);
+        vv = load_kv8(seq.v, seq.v_scale, seq.v_bias, p.seqs.format, head_row, hd, c8);
       }
       *reinterpret_cast<uint4*>(ks + j * L::ldk + c8) = kv;
       *reinterpret_cast<uint4*>(vs + j * L::ldv + c8) = vv;
@@ -466,6 +554,34 @@ void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
     const SeqTable table = make_table(args.seqs, args.caches, begin);
     const int64_t first = table.seq[0].row_begin;
     const int64_t last = table.seq[table.n - 1].row_begin + table.seq[table.n - 1].n_rows;
+    if (table.format.bits) {
+      const int kv_heads = int(args.caches[0].k.dim(1)), head_dim = int(args.caches[0].k.dim(2));
+      const int64_t units = (last - first) * kv_heads;
+      constexpr int kWarps = 4;
+      auto go = [&](auto kernel) {
+        launch(kernel, ceil_div(units, kWarps), kWarps * 32, 0, stream, table, args.k.data_as<bf16>(),
+               args.v.data_as<bf16>(), args.positions.data_as<int32_t>(), kv_heads, head_dim, first, units);
+      };
+      switch (head_dim / 32) {  // check_kv_quant: a group of 32, 64 or 128 divides the head
+        case 1:
+          go(kv_write_quantized_kernel<1>);
+          break;
+        case 2:
+          go(kv_write_quantized_kernel<2>);
+          break;
+        case 4:
+          go(kv_write_quantized_kernel<4>);
+          break;
+        case 8:
+          go(kv_write_quantized_kernel<8>);
+          break;
+        default:
+          assert(head_dim == 512);
+          go(kv_write_quantized_kernel<16>);
+          break;
+      }
+      continue;
+    }
     launch(kv_write_kernel, int(last - first), 64, 0, stream, table, args.k.data_as<bf16>(), args.v.data_as<bf16>(),
            args.positions.data_as<int32_t>(), row_elems, first);
   }
@@ -474,6 +590,7 @@ void kv_write(const KvWriteArgs& args, cudaStream_t stream) {
 bool attention_inputs(const AttentionInputsArgs& args, cudaStream_t stream) {
   const RopeArgs &q = args.q, &k = args.k;
   const int64_t tokens = args.kv.positions.numel(), head_dim = q.x.cols();
+  if (args.kv.caches.empty() || args.kv.caches[0].k.quantized()) return false;  // kv_write quantizes
   if (tokens == 0 || !q.normalize || !k.normalize || head_dim > kNormRopeMaxDim || k.x.cols() != head_dim ||
       args.v.cols() != head_dim || args.kv.seqs.empty() || args.kv.seqs.size() > size_t(kMaxSeqs) ||
       q.inv_freq.numel() != k.inv_freq.numel() || q.pair_offset != k.pair_offset)

@@ -15,20 +15,64 @@ namespace kiln::cuda {
 
 constexpr int kMaxSeqs = 64;  // sequences per launch; larger batches are split
 
+// How the caches of a launch store keys and values (KvQuant): bf16 rows (bits 0), or codes of
+// `bits` per element with an f16 scale and bias per `group` elements of a head.
+struct KvFormat {
+  int bits;
+  int group;
+};
+
 struct SeqDesc {
   int64_t row_begin;
   int64_t n_rows;
-  bf16* k;
+  bf16* k;  // bf16 rows, or a quantized cache's codes
   bf16* v;
   int32_t* slot_pos;
   int64_t capacity;
   int tile_begin;
+  // a quantized cache's scales and biases [capacity, n_kv_heads, head_dim / group] (null otherwise)
+  __half* k_scale;
+  __half* k_bias;
+  __half* v_scale;
+  __half* v_bias;
 };
 
 struct SeqTable {
   int n;
+  KvFormat format;  // the same for every sequence: they are one layer's caches
   SeqDesc seq[kMaxSeqs];
 };
+
+// Eight elements [c8, c8 + 8) of row `head_row` (slot · n_kv_heads + kv head) of a cache's keys or
+// values as bf16, dequantized (code · scale + bias in f32, then rounded) when the cache is quantized.
+__device__ __forceinline__ uint4 load_kv8(const bf16* data, const __half* scales, const __half* biases, KvFormat f,
+                                          int64_t head_row, int head_dim, int c8) {
+  if (f.bits == 0) return *reinterpret_cast<const uint4*>(data + head_row * head_dim + c8);
+  const auto* codes = reinterpret_cast<const unsigned char*>(data) + (head_row * head_dim + c8) * f.bits / 8;
+  const int64_t g = head_row * (head_dim / f.group) + c8 / f.group;
+  const float s = __half2float(scales[g]), b = __half2float(biases[g]);
+  float x[8];
+  if (f.bits == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(codes);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[i] = fmaf(s, float((raw.x >> (8 * i)) & 0xffu), b);
+      x[4 + i] = fmaf(s, float((raw.y >> (8 * i)) & 0xffu), b);
+    }
+  } else {  // 4 bits: element i in bits [4i, 4i + 4)
+    const unsigned raw = *reinterpret_cast<const unsigned*>(codes);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = fmaf(s, float((raw >> (4 * i)) & 0xfu), b);
+  }
+  uint4 out;
+  unsigned* w = reinterpret_cast<unsigned*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+    w[i] = *reinterpret_cast<const unsigned*>(&pair);
+  }
+  return out;
+}
 
 __device__ __forceinline__ int find_seq(const SeqTable& t, int64_t row) {
   int s = 0;

@@ -133,10 +133,21 @@ class CudaBackend final : public Backend {
     return ok_status();
   }
 
-  Device device() const override { return Device::cuda; }
-  std::string name() const override { return name_; }
-  DType activation_dtype() const override { return DType::bf16; }
-  DType matrix_dtype() const override { return DType::bf16; }
+  Device device() const override {
+    return Device::cuda;
+  }
+  std::string name() const override {
+    return name_;
+  }
+  DType activation_dtype() const override {
+    return DType::bf16;
+  }
+  DType matrix_dtype() const override {
+    return DType::bf16;
+  }
+  bool quantized_kv_caches() const override {
+    return true;
+  }
   Status status() const override {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return first_error_.empty() ? ok_status() : Status(Error{first_error_});
@@ -241,7 +252,9 @@ class CudaBackend final : public Backend {
     cuda::fill(t, value, stream_);
     after_launch("fill");
   }
-  void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
+  void synchronize() override {
+    check(cudaStreamSynchronize(stream_), "synchronize");
+  }
 
   void set_profiling(bool on) override {
     profiling_ = on && !arena_;
@@ -570,6 +583,12 @@ class CudaBackend final : public Backend {
   }
   void kv_write(const KvWriteArgs& args) override {
     OpTimer timed(this, "kv_write");
+    if (!args.caches.empty() && args.caches[0].k.quantized()) {
+      const int64_t head_dim = args.caches[0].k.dim(2);
+      if (head_dim % 32 || head_dim > 512 || (head_dim & (head_dim - 1)))
+        return record(
+            fmt::format("CUDA quantized KV caches take head dims 32, 64, 128, 256 and 512, not {}", head_dim));
+    }
     cuda::kv_write(args, stream_);
     after_launch("kv_write");
   }
@@ -676,7 +695,9 @@ class CudaBackend final : public Backend {
     if (err != cudaSuccess) record(fmt::format("{}: {}", what, cudaGetErrorString(err)));
   }
   // Kernel launches report configuration errors through cudaGetLastError.
-  void after_launch(const char* what) { check(cudaGetLastError(), what); }
+  void after_launch(const char* what) {
+    check(cudaGetLastError(), what);
+  }
 
   int device_;
   CudaBackendOptions options_;
@@ -716,9 +737,15 @@ class CudaBackend final : public Backend {
   cuda::DecodeTimeline timeline_;
 
  public:
-  cudaStream_t stream() const { return stream_; }
-  cuda::DecodeTimeline& timeline() { return timeline_; }
-  void note(cudaError_t err, const char* what) { check(err, what); }
+  cudaStream_t stream() const {
+    return stream_;
+  }
+  cuda::DecodeTimeline& timeline() {
+    return timeline_;
+  }
+  void note(cudaError_t err, const char* what) {
+    check(err, what);
+  }
 };
 
 Status CudaGraph::replay() {

@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
       for (int c = 0; c < kChunksPerLane; ++c) {
         const int chunk = lane + 32 * c;
         const bool load = in_span && chunk < chunks;
-        const int64_t at = (slot * p.n_kv_heads + kvh) * hd + chunk * 8;
-        kr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.k + at) : zero;
-        vr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.v + at) : zero;
+        const int64_t head_row = slot * p.n_kv_heads + kvh;
+        kr[u][c] = load ? load_kv8(seq.k, seq.k_scale, seq.k_bias, p.seqs.format, head_row, hd, chunk * 8) : zero;
+        vr[u][c] = load ? load_kv8(seq.v, seq.v_scale, seq.v_bias, p.seqs.format, head_row, hd, chunk * 8) : zero;
       }
     }
   };

@@ -372,8 +372,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
 #pragma unroll
       for (int e = 0; e < kValues; ++e) {
         const int t = (tid + e * kChunkThreads) / kCols, j = (tid + e * kChunkThreads) % kCols;
-        values[e] = t < c && j < n_cols ? to_float(p.qkv[(row0 + t) * p.qkv_stride + 2 * p.hk * dk + h * dv + j0 + j])
-                                        : 0.0f;
+        values[e] =
+            t < c && j < n_cols ? to_float(p.qkv[(row0 + t) * p.qkv_stride + 2 * p.hk * dk + h * dv + j0 + j]) : 0.0f;
       }
 #pragma unroll
       for (int e = 0; e < kValues; ++e) {
@@ -600,10 +600,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) delta_chunked_kernel(DeltaPa
         for (int t0 = 0; t0 < c; t0 += 8) {
           const int t_a = t0 + tq, t_b = t0 + tq + 4;
           const bool in_a = t_a < c, in_b = t_b < c;
-          const uint32_t fa[4] = {in_a ? tf32_of(k_raw[t_a * ldk + a0 + g]) : 0u,
-                                  in_a ? tf32_of(k_raw[t_a * ldk + a0 + g + 8]) : 0u,
-                                  in_b ? tf32_of(k_raw[t_b * ldk + a0 + g]) : 0u,
-                                  in_b ? tf32_of(k_raw[t_b * ldk + a0 + g + 8]) : 0u};
+          const uint32_t fa[4] = {
+              in_a ? tf32_of(k_raw[t_a * ldk + a0 + g]) : 0u, in_a ? tf32_of(k_raw[t_a * ldk + a0 + g + 8]) : 0u,
+              in_b ? tf32_of(k_raw[t_b * ldk + a0 + g]) : 0u, in_b ? tf32_of(k_raw[t_b * ldk + a0 + g + 8]) : 0u};
           uint32_t hi0, lo0, hi1, lo1;
           split_tf32(in_a && col_in ? w[t_a] * X[t_a * kCols + n0 + g] : 0.0f, hi0, lo0);
           split_tf32(in_b && col_in ? w[t_b] * X[t_b * kCols + n0 + g] : 0.0f, hi1, lo1);

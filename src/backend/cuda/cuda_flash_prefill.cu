@@ -155,6 +155,16 @@ __global__ void __launch_bounds__(FlashConfig<D>::warps * 32, FlashConfig<D>::mi
       const int j = i / kChunks, c8 = (i % kChunks) * 8;
       const int64_t slot = first + j;
       const bool in = slot < n_slots;  // zeros past the end: P · V must not meet stale NaNs
+      if (p.seqs.format.bits) {
+        // a quantized cache: dequantized on the way in, with plain loads (bf16 rows go by cp.async)
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const int64_t head_row = slot * p.n_kv_heads + kvh;
+        *reinterpret_cast<uint4*>(kd + j * LD + c8) =
+            in ? load_kv8(seq.k, seq.k_scale, seq.k_bias, p.seqs.format, head_row, D, c8) : zero;
+        *reinterpret_cast<uint4*>(vd + j * LD + c8) =
+            in ? load_kv8(seq.v, seq.v_scale, seq.v_bias, p.seqs.format, head_row, D, c8) : zero;
+        continue;
+      }
       const int64_t off = in ? (slot * p.n_kv_heads + kvh) * int64_t(D) + c8 : 0;
       cp_async16(kd + j * LD + c8, seq.k + off, in);
       cp_async16(vd + j * LD + c8, seq.v + off, in);

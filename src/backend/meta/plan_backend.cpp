@@ -10,7 +10,7 @@ PlanTarget cuda_plan_target() {
                     .activation_dtype = DType::bf16,
                     .matrix_dtype = DType::bf16,
                     .quant_scale_dtype = DType::bf16,
-                    .quantized_kv_caches = false};
+                    .quantized_kv_caches = true};
 }
 
 PlanTarget cpu_plan_target() {

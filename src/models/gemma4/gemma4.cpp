@@ -733,10 +733,10 @@ Result<Tensor> Gemma4Model::run_impl(const PreparedBatch& prepared, LogitRows ro
 Result<std::unique_ptr<Model>> load_gemma4(const ModelConfigFile& file, const WeightStore& weights, Backend& backend,
                                            const ModelOptions& options) {
   KILN_ASSIGN(Gemma4Config config, parse_gemma4_config(file));
+  ModelOptions settled = options;
   for (size_t i = 0; i < config.layers.size(); ++i)
-    if (!config.layers[i].shares_kv)
-      KILN_TRY(check_kv_quant(options.kv_for(int64_t(i)), int(config.layers[i].head_dim), int(i)));
-  auto model = std::make_unique<Gemma4Model>(std::move(config), backend, options);
+    if (!config.layers[i].shares_kv) KILN_TRY(settle_kv_format(settled, int64_t(i), int(config.layers[i].head_dim)));
+  auto model = std::make_unique<Gemma4Model>(std::move(config), backend, settled);
   KILN_TRY(model->load(weights, file));
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -579,10 +579,11 @@ Result<std::unique_ptr<Model>> load_qwen3_5(const ModelConfigFile& file, const W
                                             const ModelOptions& options) {
   KILN_ASSIGN(Qwen35Config config, parse_qwen3_5_config(file));
   KILN_ASSIGN(Qwen35ImageConfig images, parse_qwen3_5_image_config(file));
+  ModelOptions settled = options;
   for (size_t i = 0; i < config.layer_types.size(); ++i)
     if (config.layer_types[i] != "linear_attention")
-      KILN_TRY(check_kv_quant(options.kv_for(int64_t(i)), int(config.head_dim), int(i)));
-  auto model = std::make_unique<Qwen35Model>(std::move(config), std::move(images), backend, options);
+      KILN_TRY(settle_kv_format(settled, int64_t(i), int(config.head_dim)));
+  auto model = std::make_unique<Qwen35Model>(std::move(config), std::move(images), backend, settled);
   KILN_TRY(model->load(weights, file.model_type));
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -38,6 +38,11 @@ struct LoadOptions {
   // a request's whole state (a conversation needs 4: see docs/api.md). 0 and 0: no cache.
   size_t prompt_cache_bytes = 0;
   int prompt_cache_snapshots = 0;
+  // The prefix cache's entries kept on disk too, in files under cache_dir (none when empty; needs
+  // the prefix cache), so that prompts seen before a restart start warm. The files are kept within
+  // cache_dir_bytes, the least recently used removed first. See docs/serving.md.
+  std::string cache_dir;
+  size_t cache_dir_bytes = size_t(32) << 30;
   // Sampling a request leaves unset follows the model's generation_config.json (false: kiln's own
   // defaults, temperature 1 and no cuts).
   bool use_generation_config = true;

@@ -1,5 +1,5 @@
 // kiln serve [MODEL_DIR] [--host H] [--port P] [--device cpu|cuda] [--max-batch N] [--ctx N]
-//            [--prompt-cache-bytes N] [--api-key KEY]
+//            [--prompt-cache-bytes N] [--cache-dir DIR [--cache-dir-bytes N]] [--api-key KEY]
 // An OpenAI- and Anthropic-compatible HTTP server over the continuous-batching scheduler. The
 // first SIGINT/SIGTERM stops taking requests and lets those in flight finish (for at most
 // --grace seconds); a second cancels them. Prints "kiln: listening on http://HOST:PORT" once
@@ -55,6 +55,8 @@ bool wait_for_signal(int timeout_ms) {
 
 Status serve(ServeOptions o, const Environment& env) {
   // the bundled model when none is named; an id names a snapshot in the Hugging Face cache
+  if (!o.scheduler.cache_dir.empty() && o.scheduler.prompt_cache_bytes == 0)
+    return make_error("--cache-dir keeps the prefix cache's entries: it needs --prompt-cache-bytes above 0");
   KILN_ASSIGN(const ModelSource source, resolve_model(o.model_dir, env));
   const std::string& model_dir = source.dir;
   if (pipe(signal_pipe) != 0) return make_error("cannot create the signal pipe");
@@ -71,6 +73,8 @@ Status serve(ServeOptions o, const Environment& env) {
                                                            .max_batch = o.scheduler.max_batch,
                                                            .prefill_chunk = o.scheduler.prefill_chunk,
                                                            .prompt_cache_bytes = o.scheduler.prompt_cache_bytes,
+                                                           .cache_dir = o.scheduler.cache_dir,
+                                                           .cache_dir_bytes = o.scheduler.cache_dir_bytes,
                                                            .use_generation_config = o.generation_config == "auto",
                                                            .batch_invariant = o.scheduler.batch_invariant,
                                                            .max_image_pixels = o.image_limits.max_pixels,
@@ -158,6 +162,13 @@ void add_serve_command(CLI::App& app, Action& action, const Environment& env) {
       ->check(number_in(1, 1 << 16));
   cmd->add_option("--prompt-cache-bytes", o->scheduler.prompt_cache_bytes, "Prefix cache budget in bytes (0: off)")
       ->capture_default_str();
+  cmd->add_option("--cache-dir", o->scheduler.cache_dir,
+                  "Keep the prefix cache's entries in files under DIR too, so that prompts seen before a restart "
+                  "start warm");
+  cmd->add_option("--cache-dir-bytes", o->scheduler.cache_dir_bytes,
+                  "Budget of --cache-dir's files in bytes (the least recently used are removed)")
+      ->capture_default_str()
+      ->check(positive_number());
   cmd->add_flag("--batch-invariant,!--no-batch-invariant", o->scheduler.batch_invariant,
                 "Greedy output independent of the other requests in the batch (default on; off batches more "
                 "rows per forward call)");

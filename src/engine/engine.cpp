@@ -7,6 +7,7 @@
 #include "engine/engine_internal.h"
 #include "engine/json_text.h"
 #include "engine/text_generation.h"
+#include "runtime/prompt_store.h"
 #ifdef KILN_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -214,7 +215,10 @@ Result<Scheduler*> Engine::Impl::scheduler_for(int64_t tokens_needed) {
                      .context = options.context > 0 ? options.context : tokens_needed,
                      .prefill_chunk = options.prefill_chunk,
                      .prompt_cache_bytes = options.prompt_cache_bytes,
-                     .batch_invariant = options.batch_invariant};
+                     .batch_invariant = options.batch_invariant,
+                     .cache_dir = options.cache_dir,
+                     .cache_dir_bytes = options.cache_dir_bytes,
+                     .fingerprint = fingerprint};
   const int64_t limit = model->info().max_position_embeddings;
   if (limit > 0) s.context = std::min(s.context, limit);
   s.context = std::max<int64_t>(s.context, 2);
@@ -256,6 +260,15 @@ Result<std::unique_ptr<Engine>> engine::load_engine(const std::string& model_dir
     model_options.kv_quant =
         KvQuant{.bits = options.kv_bits == 16 ? 0 : options.kv_bits, .group_size = options.kv_group_size};
   KILN_ASSIGN(impl->model, load_model(model_dir, *impl->backend, model_options));
+  if (!options.cache_dir.empty()) {
+    // files of another checkpoint, device, activation type or cache format are never read (the
+    // device's kind, not its name: a thread count or a GPU's index does not change a state)
+    KILN_ASSIGN(const std::string weights, model_fingerprint(model_dir));
+    const Backend& b = *impl->backend;
+    impl->fingerprint = fmt::format("{} on {} with {} activations, kv_bits {} in groups of {}", weights,
+                                    b.device() == Device::cuda ? "cuda" : "cpu", dtype_name(b.activation_dtype()),
+                                    options.kv_bits, options.kv_group_size);
+  }
   // the image front end: a model without a vision tower has none; a broken processor config is
   // reported to the requests that bring images, not to every request
   if (auto config = read_model_config_file(model_dir + "/config.json"); config.ok()) {

@@ -34,6 +34,9 @@ struct Engine::Impl {
   engine::OutputFormat format;                       // how the model writes reasoning and tool calls
   std::unique_ptr<ImageInput> images;                // null: the model takes no images
   std::string images_error;                          // why it takes none
+  // What the prompt cache's files depend on (with a cache directory): the weights, the backend,
+  // the caches' format.
+  std::string fingerprint;
 
   // Created by load, or by the first request when the context is sized by it.
   mutable std::mutex mutex;

@@ -7,20 +7,18 @@
 
 namespace kiln {
 
-namespace {
-
-// The plain tensors a cache tensor is stored in: itself, or a quantized one's codes, scales and
-// biases.
-std::vector<Tensor> pieces(const Tensor& t) {
+std::vector<Tensor> stored_pieces(const Tensor& t) {
   if (!t.quantized()) return {t};
   const Tensor codes(DType::u8, Shape{t.dim(0), int64_t(t.nbytes()) / t.dim(0)}, t.data(), t.owner(), t.device());
   return {codes, t.quant().scales, t.quant().biases};
 }
 
+namespace {
+
 void copy_if(Backend& backend, const Tensor& src, Tensor& dst) {
   if (!src.numel()) return;
-  const std::vector<Tensor> from = pieces(src);
-  std::vector<Tensor> to = pieces(dst);
+  const std::vector<Tensor> from = stored_pieces(src);
+  std::vector<Tensor> to = stored_pieces(dst);
   for (size_t i = 0; i < from.size(); ++i) backend.copy(from[i], to[i]);
 }
 

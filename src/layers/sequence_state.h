@@ -17,6 +17,10 @@ struct LayerState {
   Tensor recurrent;  // Gated DeltaNet: [n_v_heads, k_dim, v_dim] f32
 };
 
+// The plain tensors a cache tensor is stored in: itself, or a quantized one's codes (as u8 rows of
+// its first dimension), scales and biases.
+std::vector<Tensor> stored_pieces(const Tensor& t);
+
 class SequenceState {
  public:
   SequenceState(std::vector<LayerState> layers, int64_t max_context)
@@ -25,6 +29,8 @@ class SequenceState {
   int64_t length() const { return length_; }  // tokens processed so far
   int64_t max_context() const { return max_context_; }
   void advance(int64_t n) { length_ += n; }
+  // For a state filled from elsewhere (a stored snapshot): the tokens its caches now hold.
+  void set_length(int64_t length) { length_ = length; }
   // Where the next token's rotary position stands relative to its index: 0 unless a prompt laid
   // out its positions itself (Qwen's multimodal RoPE, where an image's tokens share positions).
   int64_t rope_offset() const { return rope_offset_; }

@@ -89,6 +89,16 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Model& model, const Schedul
   s->options_.prefill_chunk = std::clamp<int64_t>(options.prefill_chunk, 1, model.max_chunk_tokens());
   s->options_.cache_block = std::max<int64_t>(options.cache_block, 1);
   s->options_.invariant_rows = std::max<int64_t>(options.invariant_rows, 1);
+  if (!options.cache_dir.empty()) {
+    // the store keeps what the prefix cache snapshots (a prompt's blocks, its end)
+    if (options.prompt_cache_bytes == 0)
+      return make_error("a cache directory needs the prefix cache, whose budget (prompt_cache_bytes) is 0");
+    KILN_ASSIGN(s->store_, PromptStore::open(PromptStoreOptions{
+                               .dir = options.cache_dir,
+                               .fingerprint = options.fingerprint,
+                               .budget_bytes = options.cache_dir_bytes,
+                           }));
+  }
   for (int64_t i = 0; i < options.max_batch; ++i) {
     auto slot = std::make_unique<Slot>();
     KILN_ASSIGN(slot->state, model.new_sequence(s->options_.context));
@@ -181,7 +191,7 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
     if (held >= int64_t(slot.key.size()) && held <= int64_t(slot.history.size())) {
       std::vector<int32_t> key = slot.key;
       key.insert(key.end(), slot.history.begin() + int64_t(slot.key.size()), slot.history.begin() + held);
-      cache_.insert(key, *slot.state, model_.backend());
+      remember(key, *slot.state);
     }
   }
   slot.generation->finish(reason, error);
@@ -192,6 +202,11 @@ void Scheduler::finish(Slot& slot, FinishReason reason, const std::string& error
   slot.params.images.reset();
   std::lock_guard lock(stats_mutex_);
   ++stats_.requests_finished;
+}
+
+void Scheduler::remember(std::span<const int32_t> tokens, const SequenceState& state) {
+  cache_.insert(tokens, state, model_.backend());
+  if (store_) store_->save(tokens, state, model_.backend());
 }
 
 void Scheduler::admit() {
@@ -229,25 +244,38 @@ void Scheduler::admit() {
     s.key = images ? image_cache_key(s.params.prompt, *images) : s.params.prompt;
     // a prompt resumes only between images: never inside one that runs whole (the cache's entries
     // never split one), nor a few key values into any other
-    const PrefixCache::Hit hit = cache_.lookup(s.key, [&](int64_t tokens) {
+    const auto usable = [&](int64_t tokens) {
       if (!images) return true;
       for (size_t i = 0; i < images->images.size(); ++i)
         if (images->offsets[i] < tokens && tokens < images->offsets[i] + images->images[i].soft_tokens) return false;
       return true;
-    });
-    if (hit.tokens > 0) {
+    };
+    const PrefixCache::Hit hit = cache_.lookup(s.key, usable);
+    // a longer prefix on disk (kept by an earlier run) is loaded into the slot, and kept in memory
+    // too; an entry that fails to load is dropped from the store's index, and the next is tried
+    int64_t cached = 0;
+    if (store_) {
+      while (auto entry = store_->find(s.key, usable, hit.tokens)) {
+        if (!store_->load(*entry, *s.state, model_.backend())) continue;
+        cached = entry->tokens;
+        cache_.insert(std::span<const int32_t>(s.key).first(size_t(cached)), *s.state, model_.backend());
+        break;
+      }
+    }
+    if (cached == 0 && hit.tokens > 0) {
       s.state->restore(model_.backend(), *hit.state);
-    } else {
+      cached = hit.tokens;
+    } else if (cached == 0) {
       s.state->reset(model_.backend());
     }
-    s.prefilled = hit.tokens;
+    s.prefilled = cached;
     // the images are encoded as the prompt's chunks reach them (step), so that a prompt with many
     // images does not hold up the running streams all at once
     s.images = images ? images_to_encode(*images) : PromptImages{};
-    s.generation->cached_tokens_ = hit.tokens;
+    s.generation->cached_tokens_ = cached;
     std::lock_guard lock(stats_mutex_);
-    stats_.cached_tokens += hit.tokens;
-    ++(hit.tokens > 0 ? stats_.cache_hits : stats_.cache_misses);
+    stats_.cached_tokens += cached;
+    ++(cached > 0 ? stats_.cache_hits : stats_.cache_misses);
   }
 }
 
@@ -435,10 +463,10 @@ Status Scheduler::collect(const Launched& launched) {
       const auto prompt = std::span<const int32_t>(s.key).first(size_t(s.prefilled));
       const bool boundary = s.prefilled % options_.cache_block == 0 || s.prefilled == s.params.keep_prefix;
       if (s.prefilling()) {
-        if (boundary) cache_.insert(prompt, *s.state, model_.backend());
+        if (boundary) remember(prompt, *s.state);
         continue;
       }
-      cache_.insert(prompt, *s.state, model_.backend());
+      remember(prompt, *s.state);
       s.images = {};  // the encodings' device memory goes back, and the pixels
       s.chunk = {};
       s.params.images.reset();

@@ -6,8 +6,9 @@
 //    stalls the streams already running),
 // samples each generation's next token from its logits row and hands it to the generation's
 // stream. Requests that arrive while others run join the batch at the next step. Prompts start
-// from the longest cached prefix (PrefixCache); states are snapshotted at block boundaries of
-// each prompt, at its end and when a generation finishes.
+// from the longest cached prefix (PrefixCache, and with a cache directory the PromptStore's files
+// on disk); states are snapshotted at block boundaries of each prompt, at its end and when a
+// generation finishes.
 //
 // The scheduler knows tokens only: text, templates and protocols belong to its clients.
 #pragma once
@@ -28,6 +29,7 @@
 #include "runtime/forced_tokens.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/prompt_images.h"
+#include "runtime/prompt_store.h"
 #include "runtime/sampler.h"
 
 namespace kiln {
@@ -46,6 +48,11 @@ struct SchedulerOptions {
   // On by default (kiln serve's --no-batch-invariant turns it off).
   bool batch_invariant = true;
   int64_t invariant_rows = 32;
+  // The prefix cache's entries kept on disk too, under cache_dir (none when empty; needs the prefix
+  // cache), within cache_dir_bytes; fingerprint names what the states depend on (PromptStore).
+  std::string cache_dir;
+  size_t cache_dir_bytes = size_t(32) << 30;
+  std::string fingerprint;
 };
 
 struct GenerationParams {
@@ -176,10 +183,13 @@ class Scheduler {
   Result<bool> replay(const Group& group, bool greedy, int top_k, Launched& l);
   Status collect(const Launched& launched);
   void finish(Slot& slot, FinishReason reason, const std::string& error = {});
+  // Keeps a snapshot of `state`, which holds exactly `tokens`, in the prefix cache and the store.
+  void remember(std::span<const int32_t> tokens, const SequenceState& state);
 
   Model& model_;
   SchedulerOptions options_;
   PrefixCache cache_;
+  std::unique_ptr<PromptStore> store_;  // null: no cache directory
   std::vector<std::unique_ptr<Slot>> slots_;
 
   // The decode step of a few sequences, recorded (a CUDA graph) once the same sequences decoded

@@ -43,11 +43,10 @@ struct SeqTable {
   SeqDesc seq[kMaxSeqs];
 };
 
-// Eight elements [c8, c8 + 8) of row `head_row` (slot · n_kv_heads + kv head) of a cache's keys or
-// values as bf16, dequantized (code · scale + bias in f32, then rounded) when the cache is quantized.
-__device__ __forceinline__ uint4 load_kv8(const bf16* data, const __half* scales, const __half* biases, KvFormat f,
-                                          int64_t head_row, int head_dim, int c8) {
-  if (f.bits == 0) return *reinterpret_cast<const uint4*>(data + head_row * head_dim + c8);
+// Eight elements [c8, c8 + 8) of row `head_row` (slot · n_kv_heads + kv head) of a quantized cache's
+// keys or values, dequantized (code · scale + bias in f32) and rounded to bf16.
+__device__ __forceinline__ uint4 load_kv8_codes(const bf16* data, const __half* scales, const __half* biases,
+                                                KvFormat f, int64_t head_row, int head_dim, int c8) {
   const auto* codes = reinterpret_cast<const unsigned char*>(data) + (head_row * head_dim + c8) * f.bits / 8;
   const int64_t g = head_row * (head_dim / f.group) + c8 / f.group;
   const float s = __half2float(scales[g]), b = __half2float(biases[g]);
@@ -72,6 +71,13 @@ __device__ __forceinline__ uint4 load_kv8(const bf16* data, const __half* scales
     w[i] = *reinterpret_cast<const unsigned*>(&pair);
   }
   return out;
+}
+
+// The same eight elements of a bf16 cache or a quantized one, as the format says.
+__device__ __forceinline__ uint4 load_kv8(const bf16* data, const __half* scales, const __half* biases, KvFormat f,
+                                          int64_t head_row, int head_dim, int c8) {
+  if (f.bits == 0) return *reinterpret_cast<const uint4*>(data + head_row * head_dim + c8);
+  return load_kv8_codes(data, scales, biases, f, head_row, head_dim, c8);
 }
 
 __device__ __forceinline__ int find_seq(const SeqTable& t, int64_t row) {

@@ -62,7 +62,10 @@ __device__ __forceinline__ float dot8(const float* q, const uint4& raw) {
   return d;
 }
 
-template <int kChunksPerLane>  // head_dim / 256, rounded up: 16-byte chunks of q, k, v per lane
+// kChunksPerLane: head_dim / 256, rounded up: 16-byte chunks of q, k, v per lane. kQuant: the caches
+// are quantized (a kernel of its own: the dequantizing loads in the bf16 kernel cost it registers,
+// 153 to 255 with spills at one chunk a lane).
+template <int kChunksPerLane, bool kQuant>
 __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
   // Before the inputs are ready, a warp requests its first group of cached keys and values: earlier
   // steps wrote them, and the op before (the cache write) writes only the slots of this step's rows,
@@ -105,8 +108,16 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeParams p) {
         const int chunk = lane + 32 * c;
         const bool load = in_span && chunk < chunks;
         const int64_t head_row = slot * p.n_kv_heads + kvh;
-        kr[u][c] = load ? load_kv8(seq.k, seq.k_scale, seq.k_bias, p.seqs.format, head_row, hd, chunk * 8) : zero;
-        vr[u][c] = load ? load_kv8(seq.v, seq.v_scale, seq.v_bias, p.seqs.format, head_row, hd, chunk * 8) : zero;
+        if constexpr (kQuant) {
+          kr[u][c] =
+              load ? load_kv8_codes(seq.k, seq.k_scale, seq.k_bias, p.seqs.format, head_row, hd, chunk * 8) : zero;
+          vr[u][c] =
+              load ? load_kv8_codes(seq.v, seq.v_scale, seq.v_bias, p.seqs.format, head_row, hd, chunk * 8) : zero;
+        } else {
+          const int64_t at = head_row * hd + chunk * 8;
+          kr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.k + at) : zero;
+          vr[u][c] = load ? *reinterpret_cast<const uint4*>(seq.v + at) : zero;
+        }
       }
     }
   };
@@ -327,10 +338,13 @@ void decode_attention(const AttentionArgs& args, const Allocate& allocate, cudaS
     const int64_t span_blocks =
         std::min<int64_t>(p.splits, ceil_div(int64_t(kBlocksPerSm) * multiprocessors(), blocks_y * p.seqs.n));
     const dim3 grid(unsigned(span_blocks), unsigned(blocks_y), unsigned(p.seqs.n));
+    const bool quantized = p.seqs.format.bits != 0;
     if (args.head_dim <= 256)
-      launch(decode_attention_kernel<1>, grid, warps * 32, 0, stream, p);
+      launch(quantized ? decode_attention_kernel<1, true> : decode_attention_kernel<1, false>, grid, warps * 32, 0,
+             stream, p);
     else
-      launch(decode_attention_kernel<2>, grid, warps * 32, 0, stream, p);
+      launch(quantized ? decode_attention_kernel<2, true> : decode_attention_kernel<2, false>, grid, warps * 32, 0,
+             stream, p);
     const int64_t first = p.seqs.seq[0].row_begin;
     const int64_t last = p.seqs.seq[p.seqs.n - 1].row_begin + p.seqs.seq[p.seqs.n - 1].n_rows;
     launch(decode_combine_kernel, dim3(unsigned(last - first), unsigned(p.n_heads)), kCombineWarps * 32, 0, stream, p,

@@ -8,25 +8,20 @@
 
 namespace kiln {
 
-class MetaBackend final : public Backend {
+// A backend whose tensors live on Device::meta and whose ops compute nothing: the base of the meta
+// backend below and of the planning backend (plan_backend.h), which differ in what a tensor holds.
+class InertBackend : public Backend {
  public:
   Device device() const override { return Device::meta; }
-  std::string name() const override { return "meta"; }
-  DType activation_dtype() const override { return DType::f32; }
-  DType matrix_dtype() const override { return DType::f32; }
+  Result<std::unique_ptr<Graph>> capture(const std::function<Status()>& record) override {
+    return make_error("the {} backend runs nothing", name());
+  }
 
-  Tensor alloc(DType dtype, Shape shape) override { return Tensor(dtype, shape, nullptr, nullptr, Device::meta); }
-  Tensor upload(const Tensor& host, DType dtype) override { return alloc(dtype, host.shape()); }
-  Tensor upload_quantized(const Tensor& host) override { return alloc(host.dtype(), host.shape()); }
-  Tensor to_host(const Tensor& t) override { return t; }
   void copy(const Tensor& src, Tensor& dst) override {}
   void fill(Tensor& t, float value) override {}
   void synchronize() override {}
   std::unique_ptr<Timer> timer() override { return nullptr; }
   double copy_bandwidth() override { return 0.0; }
-  Result<std::unique_ptr<Graph>> capture(const std::function<Status()>& record) override {
-    return make_error("the meta backend runs nothing");
-  }
 
   void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {}
   void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {}
@@ -53,6 +48,18 @@ class MetaBackend final : public Backend {
   void gated_delta(const GatedDeltaArgs& args) override {}
   void moe_route(const MoeRouteArgs& args) override {}
   void moe_experts(const MoeExpertsArgs& args) override {}
+};
+
+class MetaBackend final : public InertBackend {
+ public:
+  std::string name() const override { return "meta"; }
+  DType activation_dtype() const override { return DType::f32; }
+  DType matrix_dtype() const override { return DType::f32; }
+
+  Tensor alloc(DType dtype, Shape shape) override { return Tensor(dtype, shape, nullptr, nullptr, Device::meta); }
+  Tensor upload(const Tensor& host, DType dtype) override { return alloc(dtype, host.shape()); }
+  Tensor upload_quantized(const Tensor& host) override { return alloc(host.dtype(), host.shape()); }
+  Tensor to_host(const Tensor& t) override { return t; }
 };
 
 }  // namespace kiln

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "ops/backend.h"
+#include "backend/meta/meta_backend.h"
 
 namespace kiln {
 
@@ -28,7 +28,7 @@ struct PlanTarget {
 PlanTarget cuda_plan_target();
 PlanTarget cpu_plan_target();
 
-class PlanBackend final : public Backend {
+class PlanBackend final : public InertBackend {
  public:
   explicit PlanBackend(PlanTarget target);
 
@@ -36,7 +36,6 @@ class PlanBackend final : public Backend {
   size_t peak_memory_bytes() const override { return counter_->peak; }
   void reset_peak_memory() override { counter_->peak = size_t(counter_->live); }
 
-  Device device() const override { return Device::meta; }
   std::string name() const override { return "plan for " + target_.name; }
   DType activation_dtype() const override { return target_.activation_dtype; }
   DType matrix_dtype() const override { return target_.matrix_dtype; }
@@ -46,40 +45,6 @@ class PlanBackend final : public Backend {
   Tensor upload(const Tensor& host, DType dtype) override;
   Tensor upload_quantized(const Tensor& host) override;
   Tensor to_host(const Tensor& t) override;
-  void copy(const Tensor& src, Tensor& dst) override {}
-  void fill(Tensor& t, float value) override {}
-  void synchronize() override {}
-  std::unique_ptr<Timer> timer() override { return nullptr; }
-  double copy_bandwidth() override { return 0.0; }
-  Result<std::unique_ptr<Graph>> capture(const std::function<Status()>& record) override {
-    return make_error("the planning backend runs nothing");
-  }
-
-  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {}
-  void embed(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {}
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out) override {}
-  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override {}
-  void add(const Tensor& a, const Tensor& b, float scale, Tensor& out) override {}
-  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) override {}
-  void bias_act(const Tensor& x, const Tensor& bias, BiasActivation act, Tensor& out) override {}
-  void residual_norm(const ResidualNormArgs& args) override {}
-  void scale(const Tensor& x, float s, Tensor& out) override {}
-  void glu(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override {}
-  void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) override {}
-  void add_sigmoid_gated(Tensor& acc, const Tensor& x, const Tensor& gate) override {}
-  void softcap(Tensor& x, float cap) override {}
-  void clamp(const Tensor& x, float lo, float hi, Tensor& out) override {}
-  void column_affine(const Tensor& x, float scale, const Tensor& shift, const Tensor& mul, Tensor& out) override {}
-  void gather_sum(const Tensor& ids, const Tensor& table, float scale, Tensor& out) override {}
-  void argmax(const Tensor& x, Tensor& out) override {}
-  void top_k(const Tensor& logits, const Tensor& temperatures, int k, Tensor& values, Tensor& ids) override {}
-  void rope(const RopeArgs& args) override {}
-  void kv_write(const KvWriteArgs& args) override {}
-  void attention(const AttentionArgs& args) override {}
-  void causal_conv1d(const CausalConvArgs& args) override {}
-  void gated_delta(const GatedDeltaArgs& args) override {}
-  void moe_route(const MoeRouteArgs& args) override {}
-  void moe_experts(const MoeExpertsArgs& args) override {}
 
  private:
   struct Counter {
